@@ -1,0 +1,70 @@
+# One small helper that registers percpu's libraries, tests and benchmarks,
+# so every target gets the same warnings, include paths and seams.
+#
+#   percpu_cc_library(NAME name SRCS ... [DEPS ...] [PUBLIC])
+#   percpu_cc_test(NAME name SRCS ... [DEPS ...] [LABELS ...] [ENV ...] [ARGS ...] [C])
+#   percpu_cc_benchmark(NAME name SRCS ... [DEPS ...])
+
+set(PERCPU_WARNINGS -Wall -Wextra)
+if(PERCPU_WERROR)
+  list(APPEND PERCPU_WARNINGS -Werror)
+endif()
+
+function(_percpu_common target)
+  target_compile_options(${target} PRIVATE ${PERCPU_WARNINGS})
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR})
+  if(PERCPU_INJECT_DELAYS)
+    target_compile_definitions(${target} PRIVATE PERCPU_INJECT_DELAYS=1)
+  endif()
+  if(PERCPU_COMPARE_TWICE)
+    target_compile_definitions(${target} PRIVATE PERCPU_COMPARE_TWICE=1)
+  endif()
+  if(PERCPU_KEEP_ASSERTS)
+    target_compile_options(${target} PRIVATE -UNDEBUG)
+  endif()
+endfunction()
+
+function(percpu_cc_library)
+  cmake_parse_arguments(L "" "NAME" "SRCS;DEPS" ${ARGN})
+  add_library(${L_NAME} ${L_SRCS})
+  add_library(percpu::${L_NAME} ALIAS ${L_NAME})
+  _percpu_common(${L_NAME})
+  target_include_directories(${L_NAME} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+  # The seams change what the headers' inline code does, so users of the
+  # library must see them as well.
+  if(PERCPU_INJECT_DELAYS)
+    target_compile_definitions(${L_NAME} PUBLIC PERCPU_INJECT_DELAYS=1)
+  endif()
+  if(PERCPU_COMPARE_TWICE)
+    target_compile_definitions(${L_NAME} PUBLIC PERCPU_COMPARE_TWICE=1)
+  endif()
+  target_link_libraries(${L_NAME} PUBLIC ${L_DEPS})
+endfunction()
+
+function(percpu_cc_test)
+  cmake_parse_arguments(T "C" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;ENV;ARGS" ${ARGN})
+  add_executable(${T_NAME} ${T_SRCS})
+  _percpu_common(${T_NAME})
+  if(T_C)
+    target_link_libraries(${T_NAME} PRIVATE ${T_DEPS})
+  else()
+    find_package(GTest REQUIRED)
+    target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main)
+  endif()
+  add_test(NAME ${T_NAME} COMMAND ${PERCPU_TEST_LAUNCHER} ${T_NAME} ${T_ARGS})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT}
+    LABELS "${T_LABELS}" ENVIRONMENT "${T_ENV}")
+endfunction()
+
+function(percpu_cc_benchmark)
+  cmake_parse_arguments(B "" "NAME" "SRCS;DEPS" ${ARGN})
+  find_package(benchmark REQUIRED)
+  add_executable(${B_NAME} ${B_SRCS})
+  _percpu_common(${B_NAME})
+  target_link_libraries(${B_NAME} PRIVATE ${B_DEPS} benchmark::benchmark benchmark::benchmark_main)
+endfunction()

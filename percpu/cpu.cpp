@@ -1,0 +1,405 @@
+// How percpu decides who serves cpu_id(), and the slow paths.
+//
+// Start-up (a priority-101 constructor, so before ordinary constructors):
+//   1. If glibc registered rseq (its __rseq_size is non-zero), the fast path
+//      reads glibc's area at __rseq_offset from the thread pointer. Both
+//      symbols are looked up with dlsym, so the library has no hard
+//      dependency on GLIBC_2.35 and loads on older glibc.
+//   2. Otherwise, on an architecture whose signature percpu knows, the fast
+//      path reads percpu's own static-TLS area. Each thread registers it on its
+//      first slow-path call; until then its cpu_id holds -1.
+//   3. A fallback (RDPID, vDSO, syscall) is chosen once, for threads whose
+//      registration fails and for PERCPU_BACKEND=rdpid|vdso|syscall.
+// Every fast-path offset points into static TLS, so the same offset is right
+// for every thread, including threads that existed before the first call.
+
+#include "percpu/cpu.hpp"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/auxv.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+
+#include "percpu/internal/fallback.hpp"
+#include "percpu/internal/registration.hpp"
+#include "percpu/internal/rseq_abi.hpp"
+
+namespace percpu {
+namespace internal {
+
+fast_path_offsets g_fast_path = {0, 0, 0, 0};
+
+namespace {
+
+enum class thread_registration : int { untried, trying, registered, failed };
+
+// Static TLS (initial-exec), so each variable sits at one fixed offset from
+// the thread pointer in every thread, and a signal handler can touch it.
+// The kernel-owned fields hold -1 until the kernel writes them; that value is
+// only the initial image, never a store.
+#define PERCPU_STATIC_TLS __attribute__((tls_model("initial-exec")))
+thread_local rseq_area own_area PERCPU_STATIC_TLS = {0, kCpuIdUninitialized, 0, 0, -1, -1};
+// Never registered: the fast path lands here when a fallback is forced.
+thread_local rseq_area unregistered_area PERCPU_STATIC_TLS = {0, kCpuIdUninitialized, 0, 0, -1, -1};
+thread_local thread_registration registration PERCPU_STATIC_TLS = thread_registration::untried;
+thread_local int registration_error PERCPU_STATIC_TLS = 0;
+
+struct process_state {
+  rseq_owner owner = rseq_owner::none;       // who registers threads
+  std::intptr_t natural_area = 0;            // the area rseq would serve from
+  unsigned feature_size = 0;                 // bytes the kernel keeps current
+  cpu_backend fallback = cpu_backend::syscall;
+  int forced = -1;                           // a cpu_backend, or -1
+  std::atomic<bool> rseq_enosys{false};      // the kernel has no rseq at all
+  std::atomic<bool> forced_rseq_warned{false};
+};
+process_state g_state;
+
+std::intptr_t tp_offset_of(const void* tls_object) {
+  return static_cast<const char*>(tls_object) - thread_pointer();
+}
+
+// One line on stderr, written with a single write(2): usable in a signal
+// handler and before main, and never interleaved with other threads' lines.
+void say(std::initializer_list<const char*> parts) noexcept {
+  char line[320];
+  std::size_t n = 0;
+  for (const char* part : {"percpu: "}) {
+    for (; *part != '\0' && n < sizeof(line) - 1; ++part) line[n++] = *part;
+  }
+  for (const char* part : parts) {
+    for (; *part != '\0' && n < sizeof(line) - 1; ++part) line[n++] = *part;
+  }
+  line[n++] = '\n';
+  const int saved_errno = errno;
+  ssize_t ignored = write(STDERR_FILENO, line, n);
+  (void)ignored;
+  errno = saved_errno;
+}
+
+int parse_backend(const char* name) {
+  for (cpu_backend b : {cpu_backend::rseq, cpu_backend::rdpid, cpu_backend::vdso,
+                        cpu_backend::syscall}) {
+    if (std::strcmp(name, to_string(b)) == 0) return static_cast<int>(b);
+  }
+  return -1;
+}
+
+const char* errno_name(int error) noexcept {
+  switch (error) {
+    case ENOSYS: return "ENOSYS";
+    case EPERM: return "EPERM";
+    case EINVAL: return "EINVAL";
+    case EBUSY: return "EBUSY";
+    case EFAULT: return "EFAULT";
+    default: return "an error";
+  }
+}
+
+// The first usable fallback at or after `first` in the order rdpid, vdso,
+// syscall. A forced choice that is unusable says so, once, on stderr.
+cpu_backend choose_fallback(cpu_backend first, bool forced) {
+  const cpu_backend order[] = {cpu_backend::rdpid, cpu_backend::vdso, cpu_backend::syscall};
+  const char* first_failure = nullptr;
+  cpu_backend chosen = cpu_backend::syscall;
+  bool started = false;
+  for (cpu_backend b : order) {
+    started = started || b == first;
+    if (!started) continue;
+    const char* why = nullptr;
+    if (fallback_usable(b, &why)) {
+      chosen = b;
+      break;
+    }
+    if (first_failure == nullptr) first_failure = why;
+  }
+  if (forced && chosen != first) {
+    say({"PERCPU_BACKEND=", to_string(first), " is unavailable here (",
+         first_failure != nullptr ? first_failure : "unknown reason", "); using ",
+         to_string(chosen)});
+  }
+  return chosen;
+}
+
+// Points the fast path at an area: reads of cpu_id, node_id and mm_cid go
+// there when the kernel fills them, and to a word that is always -1 (which
+// sends the caller to the slow path) when it does not.
+void aim_fast_path(std::intptr_t area, unsigned feature_size) {
+  const std::intptr_t always_negative = tp_offset_of(&unregistered_area.node_id);
+  g_fast_path.area = area;
+  g_fast_path.cpu_id = area + kCpuIdOffset;
+  g_fast_path.node_id = feature_size >= kFeatureSizeNodeId ? area + kNodeIdOffset : always_negative;
+  g_fast_path.concurrency_id =
+      feature_size >= kFeatureSizeMmCid ? area + kMmCidOffset : area + kCpuIdOffset;
+}
+
+void aim_at_fallback() {
+  aim_fast_path(tp_offset_of(&unregistered_area), 0);
+}
+
+bool glibc_registered_rseq(std::intptr_t* area) {
+  const auto* size = static_cast<const unsigned*>(dlsym(RTLD_DEFAULT, "__rseq_size"));
+  const auto* offset = static_cast<const std::ptrdiff_t*>(dlsym(RTLD_DEFAULT, "__rseq_offset"));
+  if (size == nullptr || offset == nullptr || *size == 0) return false;
+  *area = *offset;
+  return true;
+}
+
+__attribute__((constructor(101))) void initialize() {
+  const unsigned long auxv_feature_size = getauxval(kAtRseqFeatureSize);
+  // Kernels before 6.3 have no AT_RSEQ_FEATURE_SIZE; they fill the original 20 bytes.
+  g_state.feature_size = auxv_feature_size != 0 ? static_cast<unsigned>(auxv_feature_size)
+                                                : kFeatureSizeOriginal;
+
+  const char* requested = getenv("PERCPU_BACKEND");
+  if (requested != nullptr && *requested != '\0') {
+    g_state.forced = parse_backend(requested);
+    if (g_state.forced < 0) {
+      say({"PERCPU_BACKEND=", requested, " is not one of rseq, rdpid, vdso, syscall; ignoring it"});
+    }
+  }
+
+  const bool forced_fallback = g_state.forced > static_cast<int>(cpu_backend::rseq);
+  g_state.fallback = choose_fallback(
+      forced_fallback ? static_cast<cpu_backend>(g_state.forced) : cpu_backend::rdpid,
+      forced_fallback);
+  std::intptr_t area = 0;
+  if (glibc_registered_rseq(&area)) {
+    g_state.owner = rseq_owner::glibc;
+  } else if (kArchHasRseq) {
+    g_state.owner = rseq_owner::percpu;
+    area = tp_offset_of(&own_area);
+  } else {
+    g_state.owner = rseq_owner::none;
+    area = tp_offset_of(&unregistered_area);
+    if (g_state.forced == static_cast<int>(cpu_backend::rseq)) {
+      say({"PERCPU_BACKEND=rseq is unavailable here (no rseq support for this architecture); using ",
+           to_string(g_state.fallback)});
+    }
+  }
+  g_state.natural_area = area;
+
+  if (forced_fallback) {
+    if (g_state.owner == rseq_owner::percpu) g_state.owner = rseq_owner::none;
+    aim_at_fallback();
+  } else {
+    aim_fast_path(area, g_state.feature_size);
+  }
+  (void)max_cpus();  // read /sys now, not later in a signal handler
+}
+
+// Registers the calling thread's own area. Re-entrant from a signal handler:
+// a handler that interrupts an attempt sees `trying` and uses the fallback.
+bool register_this_thread() noexcept {
+  if (registration != thread_registration::untried) {
+    return registration == thread_registration::registered;
+  }
+  if (g_state.rseq_enosys.load(std::memory_order_relaxed)) {
+    registration_error = ENOSYS;
+    registration = thread_registration::failed;
+    return false;
+  }
+  registration = thread_registration::trying;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  const int saved_errno = errno;
+  const long rc = syscall(SYS_rseq, &own_area, kRegisteredLength, 0, kRseqSignature);
+  const int error = rc == 0 ? 0 : errno;
+  errno = saved_errno;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+
+  // EBUSY with our area live means a signal handler registered it meanwhile.
+  const bool ok = error == 0 || (error == EBUSY && own_area.cpu_id >= 0);
+  registration_error = ok ? 0 : error;
+  registration = ok ? thread_registration::registered : thread_registration::failed;
+  if (error == ENOSYS) g_state.rseq_enosys.store(true, std::memory_order_relaxed);
+  if (!ok && g_state.forced == static_cast<int>(cpu_backend::rseq) &&
+      !g_state.forced_rseq_warned.exchange(true)) {
+    say({"PERCPU_BACKEND=rseq is unavailable here (rseq registration failed with ",
+         errno_name(error), "); using ", to_string(g_state.fallback)});
+  }
+  return ok;
+}
+
+// True when the calling thread's serving area is registered, after trying to
+// register it if that is percpu's job and has not been tried yet.
+bool ensure_registered() noexcept {
+  if (load_tp_relative_i32(g_fast_path.cpu_id) >= 0) return true;
+  if (g_state.owner != rseq_owner::percpu) return false;
+  if (g_fast_path.area != tp_offset_of(&own_area)) return false;
+  return register_this_thread() && load_tp_relative_i32(g_fast_path.cpu_id) >= 0;
+}
+
+}  // namespace
+
+int query_fallback(unsigned* cpu, unsigned* node) noexcept {
+  return fallback_query(g_state.fallback, cpu, node);
+}
+
+int cpu_id_slow() noexcept {
+  if (ensure_registered()) {
+    const int id = load_tp_relative_i32(g_fast_path.cpu_id);
+    if (id >= 0) return id;
+  }
+  unsigned cpu = 0;
+  return query_fallback(&cpu, nullptr) == 0 ? static_cast<int>(cpu) : 0;
+}
+
+int node_id_slow() noexcept {
+  if (ensure_registered() && g_state.feature_size >= kFeatureSizeNodeId) {
+    const int node = load_tp_relative_i32(g_fast_path.node_id);
+    if (node >= 0) return node;
+  }
+  unsigned node = 0;
+  return query_fallback(nullptr, &node) == 0 ? static_cast<int>(node) : 0;
+}
+
+int concurrency_id_slow() noexcept {
+  if (ensure_registered()) {
+    const int id = load_tp_relative_i32(g_fast_path.concurrency_id);
+    if (id >= 0) return id;
+  }
+  return cpu_id_slow();
+}
+
+rseq_area* registered_rseq_area() noexcept {
+  return ensure_registered() ? serving_rseq_area() : nullptr;
+}
+
+int rseq_registration_error() noexcept {
+  if (ensure_registered()) return 0;
+  if (g_state.owner == rseq_owner::percpu) return registration_error;
+  return g_state.owner == rseq_owner::glibc ? EPERM : ENOSYS;
+}
+
+bool force_backend(cpu_backend backend) noexcept {
+  if (backend == cpu_backend::rseq) {
+    if (g_state.natural_area == tp_offset_of(&unregistered_area)) return false;
+    g_state.forced = -1;
+    if (g_state.natural_area == tp_offset_of(&own_area)) g_state.owner = rseq_owner::percpu;
+    aim_fast_path(g_state.natural_area, g_state.feature_size);
+    if (!ensure_registered()) {
+      aim_at_fallback();
+      return false;
+    }
+    return true;
+  }
+  if (!fallback_usable(backend, nullptr)) return false;
+  g_state.forced = static_cast<int>(backend);
+  g_state.fallback = backend;
+  if (g_state.owner == rseq_owner::percpu) g_state.owner = rseq_owner::none;
+  aim_at_fallback();
+  return true;
+}
+
+}  // namespace internal
+
+const char* to_string(cpu_backend backend) noexcept {
+  switch (backend) {
+    case cpu_backend::rseq: return "rseq";
+    case cpu_backend::rdpid: return "rdpid";
+    case cpu_backend::vdso: return "vdso";
+    case cpu_backend::syscall: return "syscall";
+  }
+  return "unknown";
+}
+
+const char* to_string(rseq_owner owner) noexcept {
+  switch (owner) {
+    case rseq_owner::none: return "none";
+    case rseq_owner::glibc: return "glibc";
+    case rseq_owner::percpu: return "percpu";
+  }
+  return "unknown";
+}
+
+cpu_backend backend() noexcept {
+  return internal::ensure_registered() ? cpu_backend::rseq : internal::g_state.fallback;
+}
+
+cpu_backend fallback_backend() noexcept { return internal::g_state.fallback; }
+
+rseq_owner rseq_ownership() noexcept {
+  // percpu "owns" rseq only if registration works here; ask on this thread.
+  if (internal::g_state.owner == rseq_owner::percpu && !internal::ensure_registered() &&
+      internal::registration_error != 0) {
+    return rseq_owner::none;
+  }
+  return internal::g_state.owner;
+}
+
+unsigned rseq_feature_size() noexcept {
+  if (internal::g_state.owner == rseq_owner::none) return 0;
+  if (internal::g_state.owner == rseq_owner::percpu && !internal::ensure_registered()) return 0;
+  return internal::g_state.feature_size;
+}
+
+namespace {
+
+// Parses a CPU list such as "0-3,8-11" and returns one more than its highest
+// id, or 0 when the text is not a CPU list.
+int count_from_cpu_list(const char* text) {
+  int highest = -1;
+  int value = -1;
+  for (const char* p = text;; ++p) {
+    if (*p >= '0' && *p <= '9') {
+      value = (value < 0 ? 0 : value * 10) + (*p - '0');
+      if (value > (1 << 22)) return 0;
+    } else if (*p == '-' || *p == ',' || *p == '\n' || *p == '\0') {
+      if (value > highest) highest = value;
+      value = -1;
+      if (*p == '\n' || *p == '\0') break;
+    } else {
+      return 0;
+    }
+  }
+  return highest + 1;
+}
+
+int read_max_cpus() {
+  char text[4096];
+  int count = 0;
+  const int saved_errno = errno;
+  const int fd = open("/sys/devices/system/cpu/possible", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    const ssize_t n = read(fd, text, sizeof(text) - 1);
+    close(fd);
+    if (n > 0) {
+      text[n] = '\0';
+      count = count_from_cpu_list(text);
+    }
+  }
+  if (count <= 0) {
+    const long configured = sysconf(_SC_NPROCESSORS_CONF);
+    count = configured > 0 ? static_cast<int>(configured) : 1;
+  }
+  // An id seen before the list was read (e.g. a CPU added by hotplug beyond
+  // the configured count) must still fit.
+  unsigned cpu = 0;
+  if (internal::raw_syscall_getcpu(&cpu, nullptr) == 0 && static_cast<int>(cpu) >= count) {
+    count = static_cast<int>(cpu) + 1;
+  }
+  errno = saved_errno;
+  return count;
+}
+
+}  // namespace
+
+int max_cpus() noexcept {
+  static std::atomic<int> cached{0};
+  int count = cached.load(std::memory_order_relaxed);
+  if (count == 0) {
+    count = read_max_cpus();
+    cached.store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+}  // namespace percpu

@@ -1,0 +1,123 @@
+// percpu/cpu.hpp: which CPU is this thread on, in one load.
+//
+// What it is for
+//   Sharding by CPU: picking a per-CPU slot, arena, lock stripe or queue.
+//   percpu::cpu_id() reads the CPU number the kernel keeps in the thread's
+//   rseq area (restartable sequences), so the hot path is a single load
+//   relative to the thread pointer, inlined into the caller. No set-up call
+//   is needed, in any thread of any program.
+//
+// When not to use it
+//   A CPU id read outside a critical section is a hint: the thread may move
+//   to another CPU right after the load. Use it to spread work, never to prove
+//   ownership. For data that must be updated only by its CPU, use the per-CPU
+//   structures (percpu/counter.hpp and friends), whose critical sections
+//   re-check the CPU at commit time.
+//
+// Where the answer comes from
+//   1. rseq. If glibc (2.35+) registered the thread, percpu reads glibc's
+//      area (found through __rseq_offset, looked up at run time). If nobody
+//      did (older glibc, GLIBC_TUNABLES=glibc.pthread.rseq=0), percpu
+//      registers an area of its own, lazily, on the thread's first call.
+//   2. Without rseq (old kernel, seccomp, valgrind, qemu-user), one fallback
+//      chosen once per process, fastest correct first: RDPID (x86-64, when
+//      CPUID has it and it agrees with getcpu), the vDSO getcpu, then the
+//      getcpu system call.
+//   PERCPU_BACKEND=rseq|rdpid|vdso|syscall in the environment forces one; an
+//   unavailable choice prints one line on stderr and falls to the next.
+//   Nothing here aborts. If even the system call fails, cpu_id() returns 0,
+//   which is still a valid index (percpu_sched_getcpu() reports -1 instead).
+//
+// Thread safety and signals
+//   Every function here is thread-safe and async-signal-safe, works in a
+//   forked child, and in static constructors (percpu initialises itself in a
+//   priority-101 constructor, before ordinary ones). None of them changes
+//   errno.
+#pragma once
+
+#include <cstdint>
+
+#include "percpu/internal/thread_pointer.hpp"
+
+namespace percpu {
+
+// Which mechanism answers cpu_id() for the calling thread.
+enum class cpu_backend { rseq, rdpid, vdso, syscall };
+const char* to_string(cpu_backend backend) noexcept;
+
+// Who registered the rseq areas of this process.
+enum class rseq_owner {
+  none,    // nobody: rseq is unavailable or a non-rseq backend is forced
+  glibc,   // glibc 2.35+ registers every thread; percpu reads its area
+  percpu,  // percpu registers each thread's area on first use
+};
+const char* to_string(rseq_owner owner) noexcept;
+
+// The CPU the calling thread runs on, as of the call. In [0, max_cpus()).
+int cpu_id() noexcept;
+
+// The NUMA node of that CPU (rseq node_id where the kernel provides it,
+// otherwise what getcpu reports).
+int node_id() noexcept;
+
+// A dense per-process id (rseq mm_cid, Linux 6.3+) below max_cpus() and below
+// the number of threads and allowed CPUs; cpu_id() where mm_cid is missing.
+// Prefer it for per-CPU arrays in processes confined to a few CPUs.
+int concurrency_id() noexcept;
+
+// The number of possible CPU ids: one more than the highest id in
+// /sys/devices/system/cpu/possible (sparse masks handled), or the configured
+// processor count when that file cannot be read. Size per-CPU arrays by it.
+int max_cpus() noexcept;
+
+// The mechanism serving the calling thread (registers rseq first if due).
+cpu_backend backend() noexcept;
+
+// Process-wide facts, for diagnostics and benchmarks.
+rseq_owner rseq_ownership() noexcept;
+// How many bytes of the rseq area the kernel keeps current (20 before Linux
+// 6.3's AT_RSEQ_FEATURE_SIZE), or 0 when rseq is unavailable.
+unsigned rseq_feature_size() noexcept;
+// The fallback used by threads without rseq.
+cpu_backend fallback_backend() noexcept;
+
+namespace internal {
+
+// Offsets from the thread pointer that the inline fast paths load. Every
+// offset always points at a readable 32-bit word of static TLS: the serving
+// rseq area, or a per-thread area that is never registered and so holds -1.
+// A negative value sends the caller to the out-of-line slow path. They are
+// set by percpu's constructor, before any ordinary static constructor runs.
+struct alignas(64) fast_path_offsets {
+  std::intptr_t area;            // the serving struct rseq
+  std::intptr_t cpu_id;          // its cpu_id
+  std::intptr_t node_id;         // its node_id, or a word that is always -1
+  std::intptr_t concurrency_id;  // its mm_cid, or its cpu_id
+};
+extern fast_path_offsets g_fast_path;
+
+int cpu_id_slow() noexcept;
+int node_id_slow() noexcept;
+int concurrency_id_slow() noexcept;
+
+}  // namespace internal
+
+inline int cpu_id() noexcept {
+  const int id = internal::load_tp_relative_i32(internal::g_fast_path.cpu_id);
+  if (__builtin_expect(id >= 0, 1)) return id;
+  return internal::cpu_id_slow();
+}
+
+inline int node_id() noexcept {
+  const int id = internal::load_tp_relative_i32(internal::g_fast_path.node_id);
+  if (__builtin_expect(id >= 0, 1)) return id;
+  return internal::node_id_slow();
+}
+
+inline int concurrency_id() noexcept {
+  const int id = internal::load_tp_relative_i32(internal::g_fast_path.concurrency_id);
+  if (__builtin_expect(id >= 0, 1)) return id;
+  return internal::concurrency_id_slow();
+}
+
+}  // namespace percpu

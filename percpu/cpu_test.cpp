@@ -1,0 +1,334 @@
+// Correctness of cpu_id() and friends against the kernel's own answer, for
+// every backend this machine has, from every context the API promises.
+//
+// Environment (set by the ctest variants in percpu/CMakeLists.txt):
+//   PERCPU_EXPECT_OWNER   glibc | percpu | none: the rseq owner this run must see
+//   PERCPU_EXPECT_BACKEND the backend the main thread must be served by
+
+#include "percpu/cpu.hpp"
+
+#include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "percpu/internal/fallback.hpp"
+#include "percpu/internal/registration.hpp"
+#include "percpu/percpu.h"
+
+namespace percpu {
+namespace {
+
+struct kernel_answer {
+  int cpu;
+  int node;
+};
+
+kernel_answer ask_kernel() {
+  unsigned cpu = 0, node = 0;
+  EXPECT_EQ(internal::raw_syscall_getcpu(&cpu, &node), 0);
+  return {static_cast<int>(cpu), static_cast<int>(node)};
+}
+
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+// Pins the calling thread to one CPU for its lifetime, restoring the old mask.
+class pin_to {
+ public:
+  explicit pin_to(int cpu) {
+    CPU_ZERO(&old_);
+    sched_getaffinity(0, sizeof(old_), &old_);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    ok_ = sched_setaffinity(0, sizeof(one), &one) == 0;
+    sched_yield();  // make sure the move has happened
+  }
+  ~pin_to() { sched_setaffinity(0, sizeof(old_), &old_); }
+  bool ok() const { return ok_; }
+
+ private:
+  cpu_set_t old_;
+  bool ok_ = false;
+};
+
+std::vector<cpu_backend> usable_backends() {
+  std::vector<cpu_backend> result;
+  if (internal::force_backend(cpu_backend::rseq)) result.push_back(cpu_backend::rseq);
+  for (cpu_backend b : {cpu_backend::rdpid, cpu_backend::vdso, cpu_backend::syscall}) {
+    if (internal::fallback_usable(b, nullptr)) result.push_back(b);
+  }
+  return result;
+}
+
+// Everything the API promises about one pinned CPU, checked on the calling thread.
+// Returns a description of the first mismatch, or an empty string.
+std::string check_pinned(int cpu) {
+  const kernel_answer k = ask_kernel();
+  if (k.cpu != cpu) return "pinning to " + std::to_string(cpu) + " did not take";
+  const int got = cpu_id();
+  if (got != cpu) return "cpu_id()=" + std::to_string(got) + " on CPU " + std::to_string(cpu);
+  if (percpu_cpu_id() != cpu) return "percpu_cpu_id() wrong on CPU " + std::to_string(cpu);
+  if (percpu_sched_getcpu() != cpu) return "percpu_sched_getcpu() wrong on CPU " + std::to_string(cpu);
+  if (node_id() != k.node) return "node_id()=" + std::to_string(node_id()) + " want " + std::to_string(k.node);
+  if (percpu_node_id() != k.node) return "percpu_node_id() wrong";
+  const int cid = concurrency_id();
+  if (cid < 0 || cid >= max_cpus()) return "concurrency_id() out of range: " + std::to_string(cid);
+  if (cpu >= max_cpus()) return "max_cpus() too small for CPU " + std::to_string(cpu);
+  return "";
+}
+
+class BackendTest : public ::testing::Test {
+ protected:
+  void TearDown() override { internal::force_backend(cpu_backend::rseq) || restore_fallback(); }
+  static bool restore_fallback() { return internal::force_backend(fallback_backend()); }
+};
+
+// The mode this run exercised, printed and, where the ctest variant says which
+// mode it is for, asserted.
+TEST(CpuMode, PrintedAndAsExpected) {
+  const int id = cpu_id();
+  std::printf("percpu mode: owner=%s backend=%s fallback=%s rseq_feature_size=%u max_cpus=%d "
+              "registration_error=%d cpu=%d\n",
+              to_string(rseq_ownership()), to_string(backend()), to_string(fallback_backend()),
+              rseq_feature_size(), max_cpus(), internal::rseq_registration_error(), id);
+  if (const char* want = std::getenv("PERCPU_EXPECT_OWNER")) {
+    EXPECT_STREQ(to_string(rseq_ownership()), want);
+  }
+  if (const char* want = std::getenv("PERCPU_EXPECT_BACKEND")) {
+    EXPECT_STREQ(to_string(backend()), want);
+  }
+  if (const char* want = std::getenv("PERCPU_EXPECT_RSEQ_ERROR")) {
+    EXPECT_EQ(internal::rseq_registration_error(), std::atoi(want));
+  }
+  EXPECT_EQ(backend() == cpu_backend::rseq, rseq_feature_size() >= 20u);
+}
+
+TEST(CpuMode, SyscallAlwaysUsableAndVdsoOnX86) {
+  EXPECT_TRUE(internal::fallback_usable(cpu_backend::syscall, nullptr));
+#if defined(__x86_64__)
+  // valgrind hides the vDSO; everywhere else an x86-64 kernel has getcpu there.
+  if (std::getenv("PERCPU_UNDER_VALGRIND") == nullptr) {
+    EXPECT_TRUE(internal::fallback_usable(cpu_backend::vdso, nullptr));
+  }
+#else
+  const char* why = nullptr;
+  EXPECT_FALSE(internal::fallback_usable(cpu_backend::rdpid, &why));
+  EXPECT_NE(why, nullptr);
+#endif
+}
+
+TEST(CpuMode, MaxCpusCoversEveryAllowedCpu) {
+  const std::vector<int> cpus = allowed_cpus();
+  ASSERT_FALSE(cpus.empty());
+  EXPECT_GT(max_cpus(), cpus.back());
+  EXPECT_EQ(percpu_max_cpus(), max_cpus());
+  EXPECT_GE(max_cpus(), static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+TEST_F(BackendTest, EveryBackendAgreesWithGetcpuOnEveryCpu) {
+  const std::vector<cpu_backend> backends = usable_backends();
+  ASSERT_FALSE(backends.empty());
+  for (cpu_backend b : backends) {
+    ASSERT_TRUE(internal::force_backend(b)) << to_string(b);
+    EXPECT_EQ(backend(), b);
+    EXPECT_STREQ(percpu_backend_name(), to_string(b));
+    for (int cpu : allowed_cpus()) {
+      pin_to pin(cpu);
+      ASSERT_TRUE(pin.ok());
+      for (int i = 0; i < 100; ++i) {
+        const std::string error = check_pinned(cpu);
+        ASSERT_EQ(error, "") << "backend " << to_string(b);
+      }
+    }
+    std::printf("checked backend %s on %zu CPUs\n", to_string(b), allowed_cpus().size());
+  }
+}
+
+TEST_F(BackendTest, ManyThreadsCreatedAfterFirstUse) {
+  (void)cpu_id();  // first use happens before the threads exist
+  const std::vector<int> cpus = allowed_cpus();
+  for (cpu_backend b : usable_backends()) {
+    ASSERT_TRUE(internal::force_backend(b));
+    std::atomic<int> failures{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 16; ++t) {
+      threads.emplace_back([&, t] {
+        const int cpu = cpus[t % cpus.size()];
+        pin_to pin(cpu);
+        if (!pin.ok()) {
+          failures++;
+          return;
+        }
+        for (int i = 0; i < 2000; ++i) {
+          if (!check_pinned(cpu).empty()) failures++;
+        }
+        if (backend() != b) failures++;
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(failures.load(), 0) << "backend " << to_string(b);
+  }
+}
+
+TEST_F(BackendTest, ThreadsStartedBeforeFirstUseAgree) {
+  // These threads exist before the calls below; own-registration mode must
+  // register each lazily on its own first call.
+  const std::vector<int> cpus = allowed_cpus();
+  std::atomic<bool> go{false};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      while (!go.load()) std::this_thread::yield();
+      const int cpu = cpus[t % cpus.size()];
+      pin_to pin(cpu);
+      for (int i = 0; i < 1000; ++i) {
+        if (!check_pinned(cpu).empty()) failures++;
+      }
+    });
+  }
+  go = true;
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+std::atomic<int> g_signal_cpu{-2};
+std::atomic<int> g_signal_kernel_cpu{-3};
+std::atomic<int> g_signal_errno_changed{0};
+
+void record_cpu_in_handler(int) {
+  errno = 12345;
+  g_signal_cpu = cpu_id();
+  g_signal_errno_changed = errno != 12345;
+  unsigned cpu = 0;
+  internal::raw_syscall_getcpu(&cpu, nullptr);
+  g_signal_kernel_cpu = static_cast<int>(cpu);
+}
+
+TEST_F(BackendTest, FromASignalHandler) {
+  struct sigaction action {};
+  action.sa_handler = record_cpu_in_handler;
+  sigemptyset(&action.sa_mask);
+  ASSERT_EQ(sigaction(SIGUSR1, &action, nullptr), 0);
+  for (cpu_backend b : usable_backends()) {
+    ASSERT_TRUE(internal::force_backend(b));
+    for (int cpu : allowed_cpus()) {
+      // A fresh thread, so its very first call (and own registration) happens
+      // inside the handler.
+      std::thread([&] {
+        pin_to pin(cpu);
+        g_signal_cpu = -2;
+        pthread_kill(pthread_self(), SIGUSR1);
+        EXPECT_EQ(g_signal_cpu.load(), cpu) << to_string(b);
+        EXPECT_EQ(g_signal_kernel_cpu.load(), cpu);
+        EXPECT_EQ(g_signal_errno_changed.load(), 0);
+        EXPECT_EQ(check_pinned(cpu), "");
+      }).join();
+    }
+  }
+  signal(SIGUSR1, SIG_DFL);
+}
+
+TEST_F(BackendTest, InAForkedChild) {
+  for (cpu_backend b : usable_backends()) {
+    ASSERT_TRUE(internal::force_backend(b));
+    (void)cpu_id();
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      int bad = 0;
+      for (int cpu : allowed_cpus()) {
+        pin_to pin(cpu);
+        for (int i = 0; i < 200; ++i) bad += !check_pinned(cpu).empty();
+      }
+      // A thread started in the child works too.
+      std::thread([&] {
+        for (int cpu : allowed_cpus()) {
+          pin_to pin(cpu);
+          bad += !check_pinned(cpu).empty();
+        }
+      }).join();
+      if (backend() != b) bad++;
+      _exit(bad == 0 ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "backend " << to_string(b);
+  }
+}
+
+TEST(CpuErrno, UnchangedBySuccessfulCalls) {
+  errno = 777;
+  (void)cpu_id();
+  (void)node_id();
+  (void)concurrency_id();
+  (void)percpu_sched_getcpu();
+  (void)backend();
+  EXPECT_EQ(errno, 777);
+}
+
+// A static constructor in another translation unit runs after percpu's
+// (priority 101) and may already use it.
+struct static_probe {
+  int cpu_before = -1, cpu_seen = -1, cpu_after = -1;
+  static_probe() {
+    unsigned a = 0, b = 0;
+    internal::raw_syscall_getcpu(&a, nullptr);
+    cpu_seen = cpu_id();
+    internal::raw_syscall_getcpu(&b, nullptr);
+    cpu_before = static_cast<int>(a);
+    cpu_after = static_cast<int>(b);
+  }
+};
+static_probe g_static_probe;
+
+TEST(CpuStatic, WorksInStaticConstructorsBeforeMain) {
+  // A migration between the three reads can make them differ; only then may
+  // cpu_id() differ from both.
+  if (g_static_probe.cpu_before == g_static_probe.cpu_after) {
+    EXPECT_EQ(g_static_probe.cpu_seen, g_static_probe.cpu_before);
+  } else {
+    EXPECT_TRUE(g_static_probe.cpu_seen == g_static_probe.cpu_before ||
+                g_static_probe.cpu_seen == g_static_probe.cpu_after);
+  }
+}
+
+TEST(CpuExec, WorksAfterExec) {
+  // /proc/self/exe re-runs this test binary with a filter for one test, so
+  // the whole start-up path runs again in a fresh image.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    execl("/proc/self/exe", "cpu_test", "--gtest_filter=BackendTest.EveryBackendAgreesWithGetcpuOnEveryCpu",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+}  // namespace
+}  // namespace percpu

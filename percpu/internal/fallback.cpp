@@ -1,0 +1,153 @@
+#include "percpu/internal/fallback.hpp"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "percpu/internal/vdso.hpp"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+namespace percpu {
+namespace internal {
+namespace {
+
+using vdso_getcpu_fn = long (*)(unsigned*, unsigned*, void*);
+
+// Looked up on first use; a racing second lookup stores the same value.
+vdso_getcpu_fn vdso_getcpu() noexcept {
+  static vdso_getcpu_fn cached = nullptr;
+  static bool looked_up = false;
+  if (!__atomic_load_n(&looked_up, __ATOMIC_ACQUIRE)) {
+#if defined(__x86_64__)
+    void* f = vdso_symbol("__vdso_getcpu", "LINUX_2.6");
+#elif defined(__powerpc__) || defined(__s390__)
+    void* f = vdso_symbol("__kernel_getcpu", nullptr);
+#else
+    void* f = vdso_symbol("__vdso_getcpu", nullptr);
+#endif
+    __atomic_store_n(&cached, reinterpret_cast<vdso_getcpu_fn>(f), __ATOMIC_RELAXED);
+    __atomic_store_n(&looked_up, true, __ATOMIC_RELEASE);
+  }
+  return __atomic_load_n(&cached, __ATOMIC_RELAXED);
+}
+
+#if defined(__x86_64__)
+bool cpu_has_rdpid() noexcept {
+  unsigned eax, ebx, ecx, edx;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  return (ecx & (1u << 22)) != 0;
+}
+
+// RDPID returns IA32_TSC_AUX, which Linux sets to (node << 12) | cpu on every
+// CPU. A hypervisor may leave it unset or stale, so it is trusted only if it
+// agrees with the kernel: two RDPIDs around a getcpu must match it.
+bool rdpid_agrees_with_kernel() noexcept {
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    const unsigned before = raw_rdpid();
+    unsigned cpu = 0, node = 0;
+    if (raw_syscall_getcpu(&cpu, &node) != 0) return false;
+    const unsigned after = raw_rdpid();
+    if (before != after) continue;  // migrated in between; ask again
+    return (before & 0xfff) == cpu && (before >> 12) == node;
+  }
+  return false;
+}
+#endif
+
+bool vdso_agrees_with_kernel() noexcept {
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    unsigned before = 0, after = 0, cpu = 0;
+    if (raw_vdso_getcpu(&before, nullptr) != 0) return false;
+    if (raw_syscall_getcpu(&cpu, nullptr) != 0) return false;
+    if (raw_vdso_getcpu(&after, nullptr) != 0) return false;
+    if (before != after) continue;
+    return before == cpu;
+  }
+  return false;
+}
+
+}  // namespace
+
+unsigned raw_rdpid() noexcept {
+#if defined(__x86_64__)
+  unsigned long value;
+  // rdpid %rax, spelled in bytes for assemblers that predate the mnemonic.
+  asm volatile(".byte 0xf3, 0x0f, 0xc7, 0xf8" : "=a"(value));
+  return static_cast<unsigned>(value);
+#else
+  return 0;
+#endif
+}
+
+int raw_vdso_getcpu(unsigned* cpu, unsigned* node) noexcept {
+  const vdso_getcpu_fn f = vdso_getcpu();
+  if (f == nullptr) return -1;
+  return static_cast<int>(f(cpu, node, nullptr));
+}
+
+int raw_syscall_getcpu(unsigned* cpu, unsigned* node) noexcept {
+  const int saved_errno = errno;
+  const long rc = syscall(SYS_getcpu, cpu, node, nullptr);
+  const int error = rc == 0 ? 0 : errno;
+  errno = saved_errno;
+  return error;
+}
+
+bool fallback_usable(cpu_backend backend, const char** why) noexcept {
+  const char* reason = nullptr;
+  switch (backend) {
+    case cpu_backend::rdpid:
+#if defined(__x86_64__)
+      if (!cpu_has_rdpid()) {
+        reason = "the CPU does not report RDPID";
+      } else if (!rdpid_agrees_with_kernel()) {
+        reason = "RDPID disagrees with getcpu (TSC_AUX not maintained)";
+      }
+#else
+      reason = "RDPID is an x86-64 instruction";
+#endif
+      break;
+    case cpu_backend::vdso:
+      if (vdso_getcpu() == nullptr) {
+        reason = "this kernel's vDSO has no getcpu";
+      } else if (!vdso_agrees_with_kernel()) {
+        reason = "the vDSO getcpu disagrees with the system call";
+      }
+      break;
+    case cpu_backend::syscall: {
+      unsigned cpu = 0;
+      if (raw_syscall_getcpu(&cpu, nullptr) != 0) reason = "the getcpu system call fails";
+      break;
+    }
+    case cpu_backend::rseq:
+      reason = "rseq is not a fallback";
+      break;
+  }
+  if (why != nullptr) *why = reason;
+  return reason == nullptr;
+}
+
+int fallback_query(cpu_backend backend, unsigned* cpu, unsigned* node) noexcept {
+  switch (backend) {
+    case cpu_backend::rdpid: {
+      const unsigned value = raw_rdpid();
+      if (cpu != nullptr) *cpu = value & 0xfff;
+      if (node != nullptr) *node = value >> 12;
+      return 0;
+    }
+    case cpu_backend::vdso:
+      if (raw_vdso_getcpu(cpu, node) == 0) return 0;
+      break;  // the syscall below still answers
+    default:
+      break;
+  }
+  return raw_syscall_getcpu(cpu, node);
+}
+
+}  // namespace internal
+}  // namespace percpu

@@ -1,0 +1,37 @@
+// Process-wide rseq state behind percpu/cpu.hpp, and the seams tests use.
+//
+// Thread-safe and async-signal-safe throughout, except force_backend(), which
+// is a test seam: call it while no other thread uses percpu.
+#pragma once
+
+#include "percpu/cpu.hpp"
+#include "percpu/internal/rseq_abi.hpp"
+
+namespace percpu {
+namespace internal {
+
+// The calling thread's serving rseq area if the kernel keeps it current (the
+// thread is registered, by glibc or by percpu), registering it first if due;
+// nullptr when this thread runs on a fallback. Critical sections use it.
+rseq_area* registered_rseq_area() noexcept;
+
+// The area the fast path of the calling thread reads, registered or not.
+inline rseq_area* serving_rseq_area() noexcept {
+  return reinterpret_cast<rseq_area*>(thread_pointer() + g_fast_path.area);
+}
+
+// Test seam: serve every thread from `backend` from now on. For rseq this
+// restores the natural registration; for a fallback, the fast path is sent to
+// a never-registered area. Returns false (and changes nothing) when
+// `backend` is unavailable in this process.
+bool force_backend(cpu_backend backend) noexcept;
+
+// The fallback query behind cpu_id() when rseq is unavailable: the chosen
+// fallback, then the system call. 0 or an errno value.
+int query_fallback(unsigned* cpu, unsigned* node) noexcept;
+
+// Why rseq is unavailable to the calling thread (an errno value), or 0.
+int rseq_registration_error() noexcept;
+
+}  // namespace internal
+}  // namespace percpu

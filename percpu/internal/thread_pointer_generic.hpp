@@ -1,0 +1,22 @@
+// Other architectures: percpu does not know their rseq signature, so it never
+// registers rseq there and every query takes the fallback (vDSO or syscall).
+// The fast path reads a per-thread word that always holds -1.
+#pragma once
+
+#include <cstdint>
+
+namespace percpu {
+namespace internal {
+
+constexpr bool kArchHasRseq = false;
+
+inline char* thread_pointer() noexcept {
+  return static_cast<char*>(__builtin_thread_pointer());
+}
+
+inline std::int32_t load_tp_relative_i32(std::intptr_t offset) noexcept {
+  return *reinterpret_cast<volatile const std::int32_t*>(thread_pointer() + offset);
+}
+
+}  // namespace internal
+}  // namespace percpu

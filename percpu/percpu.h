@@ -1,0 +1,45 @@
+/* percpu/percpu.h: the current CPU for C programs (and C++ ones that want a
+ * plain function).
+ *
+ * What it is for: the same answers as percpu/cpu.hpp from C. Each call is an
+ * out-of-line function (a call plus one load when rseq is there); C++ code
+ * should prefer the inline percpu::cpu_id().
+ * When not to use it: as proof of ownership. The thread may move right after
+ * the call; use the id for sharding only.
+ * Without rseq: the process's fallback answers (RDPID, vDSO or syscall); see
+ * percpu/cpu.hpp.
+ * Thread safety: all functions are thread-safe and async-signal-safe. Only
+ * percpu_sched_getcpu() may change errno, and only when it returns -1.
+ */
+#ifndef PERCPU_PERCPU_H_
+#define PERCPU_PERCPU_H_
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The CPU the calling thread runs on, in [0, percpu_max_cpus()). */
+int percpu_cpu_id(void);
+
+/* The NUMA node of that CPU. */
+int percpu_node_id(void);
+
+/* rseq mm_cid where the kernel provides it, else percpu_cpu_id(). */
+int percpu_concurrency_id(void);
+
+/* The number of possible CPU ids; size per-CPU arrays by it. */
+int percpu_max_cpus(void);
+
+/* sched_getcpu() semantics: the current CPU, or -1 with errno set when no
+ * source at all can tell (every one of rseq, vDSO and the getcpu system call
+ * is unavailable). */
+int percpu_sched_getcpu(void);
+
+/* "rseq", "rdpid", "vdso" or "syscall": what serves the calling thread. */
+const char* percpu_backend_name(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PERCPU_PERCPU_H_ */
