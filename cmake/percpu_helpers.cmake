@@ -4,6 +4,11 @@
 #   percpu_cc_library(NAME name SRCS ... [DEPS ...] [PUBLIC])
 #   percpu_cc_test(NAME name SRCS ... [DEPS ...] [LABELS ...] [ENV ...] [ARGS ...] [C])
 #   percpu_cc_benchmark(NAME name SRCS ... [DEPS ...])
+#   percpu_add_mode_tests(TARGET t [ARGS ...] [TIMEOUT s] [LABELS ...])
+#       registers t three more times, once per rseq mode, each asserting the
+#       mode it ran in: t.glibc (glibc owns rseq), t.own (percpu registers,
+#       GLIBC_TUNABLES=glibc.pthread.rseq=0) and t.fallback (rseq fails with
+#       ENOSYS under a seccomp filter).
 
 set(PERCPU_WARNINGS -Wall -Wextra)
 if(PERCPU_WERROR)
@@ -51,6 +56,7 @@ function(percpu_cc_test)
     target_link_libraries(${T_NAME} PRIVATE ${T_DEPS})
   else()
     find_package(GTest REQUIRED)
+    target_sources(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support/expect_mode.cpp)
     target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main)
   endif()
   add_test(NAME ${T_NAME} COMMAND ${PERCPU_TEST_LAUNCHER} ${T_NAME} ${T_ARGS})
@@ -67,4 +73,23 @@ function(percpu_cc_benchmark)
   add_executable(${B_NAME} ${B_SRCS})
   _percpu_common(${B_NAME})
   target_link_libraries(${B_NAME} PRIVATE ${B_DEPS} benchmark::benchmark benchmark::benchmark_main)
+endfunction()
+
+function(percpu_add_mode_tests)
+  cmake_parse_arguments(M "" "TARGET;TIMEOUT" "ARGS;LABELS" ${ARGN})
+  if(NOT M_TIMEOUT)
+    set(M_TIMEOUT 300)
+  endif()
+  if(PERCPU_HAVE_GLIBC_RSEQ)
+    add_test(NAME ${M_TARGET}.glibc COMMAND ${PERCPU_TEST_LAUNCHER} ${M_TARGET} ${M_ARGS})
+    set_tests_properties(${M_TARGET}.glibc PROPERTIES TIMEOUT ${M_TIMEOUT}
+      LABELS "${M_LABELS};mode" ENVIRONMENT "PERCPU_EXPECT_OWNER=glibc;PERCPU_EXPECT_BACKEND=rseq")
+  endif()
+  add_test(NAME ${M_TARGET}.own COMMAND ${PERCPU_TEST_LAUNCHER} ${M_TARGET} ${M_ARGS})
+  set_tests_properties(${M_TARGET}.own PROPERTIES TIMEOUT ${M_TIMEOUT} LABELS "${M_LABELS};mode"
+    ENVIRONMENT "GLIBC_TUNABLES=glibc.pthread.rseq=0;PERCPU_EXPECT_OWNER=percpu;PERCPU_EXPECT_BACKEND=rseq")
+  add_test(NAME ${M_TARGET}.fallback
+    COMMAND ${PERCPU_TEST_LAUNCHER} $<TARGET_FILE:seccomp_exec> ENOSYS $<TARGET_FILE:${M_TARGET}> ${M_ARGS})
+  set_tests_properties(${M_TARGET}.fallback PROPERTIES TIMEOUT ${M_TIMEOUT} LABELS "${M_LABELS};mode"
+    ENVIRONMENT "PERCPU_EXPECT_OWNER=none")
 endfunction()

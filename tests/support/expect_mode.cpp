@@ -1,0 +1,38 @@
+// Linked into every gtest binary: prints the rseq mode the run exercised and,
+// when the ctest variant names one, fails the run if it is a different mode.
+// Without this a lane that silently fell back could pass.
+//
+//   PERCPU_EXPECT_OWNER    glibc | percpu | none
+//   PERCPU_EXPECT_BACKEND  rseq | rdpid | vdso | syscall
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "percpu/cpu.hpp"
+
+namespace {
+
+class expect_mode : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const char* owner = percpu::to_string(percpu::rseq_ownership());
+    const char* backend = percpu::to_string(percpu::backend());
+    std::printf("percpu test mode: rseq owner=%s, main thread backend=%s, fallback=%s, "
+                "feature size=%u, max_cpus=%d\n",
+                owner, backend, percpu::to_string(percpu::fallback_backend()),
+                percpu::rseq_feature_size(), percpu::max_cpus());
+    if (const char* want = std::getenv("PERCPU_EXPECT_OWNER")) {
+      EXPECT_STREQ(owner, want) << "this variant must run with rseq owned by " << want;
+    }
+    if (const char* want = std::getenv("PERCPU_EXPECT_BACKEND")) {
+      EXPECT_STREQ(backend, want) << "this variant must run on the " << want << " backend";
+    }
+  }
+};
+
+const auto* const g_registered = ::testing::AddGlobalTestEnvironment(new expect_mode);
+
+}  // namespace
