@@ -122,7 +122,9 @@ TEST(CpuMode, PrintedAndAsExpected) {
   if (const char* want = std::getenv("PERCPU_EXPECT_RSEQ_ERROR")) {
     EXPECT_EQ(internal::rseq_registration_error(), std::atoi(want));
   }
-  if (backend() == cpu_backend::rseq) EXPECT_GE(rseq_feature_size(), 20u);
+  if (backend() == cpu_backend::rseq) {
+    EXPECT_GE(rseq_feature_size(), 20u);
+  }
 }
 
 TEST(CpuMode, SyscallAlwaysUsableAndVdsoOnX86) {
