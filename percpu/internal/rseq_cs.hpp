@@ -1,0 +1,145 @@
+// Dispatcher: percpu's rseq critical sections, the building blocks of the
+// per-CPU structures (counter, free list, object pool).
+//
+// Exactly one architecture file is included: rseq_cs_x86_64.hpp,
+// rseq_cs_aarch64.hpp, or rseq_cs_fallback.hpp where percpu has no rseq (there
+// the operations always report an abort, and rseq_area_for_sections() always
+// returns nullptr, so callers take their atomic path).
+//
+// The contract every architecture file implements, in namespace
+// percpu::internal (each operation is a function template on index_kind, with
+// one explicit definition per arch; `area` is the calling thread's registered
+// area from rseq_area_for_sections(), never nullptr):
+//
+//   template <index_kind K>
+//   int rseq_cmpeqv_storev(rseq_area* area, intptr_t* v, intptr_t expect,
+//                          intptr_t newv, int index) noexcept;
+//       if (*v == expect) *v = newv;                            compare-and-store
+//
+//   template <index_kind K>
+//   int rseq_addv(rseq_area* area, intptr_t* v, intptr_t count, int index) noexcept;
+//       *v += count;                                            add
+//
+//   template <index_kind K>
+//   int rseq_cmpeqv_trystorev_storev(rseq_area* area, intptr_t* v, intptr_t expect,
+//                                    intptr_t* v2, intptr_t newv2, intptr_t newv,
+//                                    int index) noexcept;
+//       if (*v == expect) { *v2 = newv2; *v = newv; }           v2 is the speculative
+//                                                               store, v the commit
+//
+//   template <index_kind K>
+//   int rseq_cmpnev_storeoffp_load(rseq_area* area, intptr_t* v, intptr_t expectnot,
+//                                  long voffp, intptr_t* load, int index) noexcept;
+//       if (*v != expectnot) {                                  intrusive-list pop:
+//         *load = *v;                                           *v is the head, voffp
+//         *v = *(intptr_t*)(*v + voffp);                        the offset of "next"
+//       }
+//
+// Return value of every operation:
+//    0  committed: the last store happened, on the CPU (or mm_cid) `index`.
+//    1  the comparison failed: nothing was stored (cmpnev_storeoffp_load may
+//       have written *load; ignore it).
+//   -1  aborted (preemption, migration, signal) or `index` is not the
+//       thread's current index: the committing store did not happen. The
+//       speculative stores (*v2, *load) may have happened. Re-read the index
+//       and retry; after a bounded number of tries use the atomic path.
+//
+// Every section stores its descriptor address in area->rseq_cs (the only
+// field of the area percpu writes), then re-checks inside the section that
+// the index field of `area` (cpu_id or mm_cid, per K) equals `index`, and
+// ends with its single committing store. Calling pattern:
+//
+//   rseq_area* area = rseq_area_for_sections();
+//   if (area == nullptr) -> atomic path
+//   for (tries) {
+//     int cpu = rseq_current_index<index_kind::cpu_id>(area);
+//     if (rseq_addv<index_kind::cpu_id>(area, &slot[cpu], 1, cpu) == 0) done;
+//   }
+//
+// Locality rule: a word updated by these operations must only ever be written
+// by sections indexed by the slot it belongs to. A plain store here and an
+// atomic read-modify-write from another thread on the same word lose updates.
+// Readers on other CPUs may read it with relaxed atomic loads.
+//
+// Test seams (compile time):
+//   PERCPU_INJECT_DELAYS   a delay loop of g_inject_delay_loops iterations
+//                          inside every section, between its start and its
+//                          commit, so preemption, migration and signals hit
+//                          sections often.
+//   PERCPU_COMPARE_TWICE   every section re-reads the index right before its
+//                          commit and traps (ud2 / brk) if it changed: a
+//                          commit on the wrong CPU kills the process.
+//
+// Thread safety: each operation acts on the calling thread's area only.
+// Async-signal-safe: yes (a signal aborts the interrupted section before the
+// handler runs, so the handler may run sections of its own).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "percpu/cpu.hpp"
+#include "percpu/internal/registration.hpp"
+#include "percpu/internal/rseq_abi.hpp"
+
+namespace percpu {
+namespace internal {
+
+// Which field of the rseq area indexes a section, chosen at compile time.
+enum class index_kind {
+  cpu_id,  // struct rseq cpu_id: the CPU the thread runs on
+  mm_cid,  // struct rseq mm_cid: a dense per-process id; needs feature size >= 28
+};
+
+// The byte offset, in struct rseq, of the field K names.
+template <index_kind K>
+constexpr std::ptrdiff_t index_offset() noexcept {
+  return K == index_kind::cpu_id ? kCpuIdOffset : kMmCidOffset;
+}
+static_assert(index_offset<index_kind::cpu_id>() == 4, "rseq ABI: cpu_id");
+static_assert(index_offset<index_kind::mm_cid>() == 24, "rseq ABI: mm_cid");
+static_assert(kRseqCsOffset == 8, "rseq ABI: rseq_cs");
+
+// Iterations of the PERCPU_INJECT_DELAYS loop; tests may change it at any time.
+inline std::atomic<unsigned> g_inject_delay_loops{64};
+
+inline unsigned inject_delay_loops() noexcept {
+  return g_inject_delay_loops.load(std::memory_order_relaxed);
+}
+
+// The calling thread's registered area, or nullptr when it has no rseq (the
+// caller must then use atomics). Inline fast path: a registered area shows a
+// non-negative cpu_id; anything else asks the slow path, which registers the
+// thread first if that is percpu's job.
+inline rseq_area* rseq_area_for_sections() noexcept {
+  rseq_area* area = serving_rseq_area();
+  if (__builtin_expect(*reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id) >= 0, 1)) {
+    return area;
+  }
+  return registered_rseq_area();
+}
+
+// The current value of the index field K of `area`, read once. Outside a
+// section it is only a hint; the section re-checks it.
+template <index_kind K>
+inline int rseq_current_index(const rseq_area* area) noexcept {
+  const char* field = reinterpret_cast<const char*>(area) + index_offset<K>();
+  return *reinterpret_cast<volatile const std::int32_t*>(field);
+}
+
+// Whether sections indexed by K can run in this process: mm_cid needs a
+// kernel that keeps it current (feature size >= 28).
+inline bool index_kind_usable(index_kind k) noexcept {
+  return k == index_kind::cpu_id || rseq_feature_size() >= kFeatureSizeMmCid;
+}
+
+}  // namespace internal
+}  // namespace percpu
+
+#if defined(__x86_64__)
+#include "percpu/internal/rseq_cs_x86_64.hpp"
+#elif defined(__aarch64__)
+#include "percpu/internal/rseq_cs_aarch64.hpp"
+#else
+#include "percpu/internal/rseq_cs_fallback.hpp"
+#endif

@@ -1,0 +1,351 @@
+// aarch64 rseq critical sections. Included only by percpu/internal/rseq_cs.hpp,
+// which documents the contract and the return values.
+//
+// Layout shared by every section below (label numbers are local to one asm
+// statement; the compiler may copy a statement, the assembler resolves each
+// copy's labels to its nearest definitions):
+//
+//   3:  the descriptor (struct rseq_cs) in section __rseq_cs, 32-byte aligned:
+//       version 0, flags 0, start_ip = 1f, post_commit_offset = 2f - 1f,
+//       abort_ip = 4f. A pointer to it goes in __rseq_cs_ptr_array, and each
+//       jump out of the section before the commit is listed as a pair
+//       (start_ip, exit_ip) in __rseq_exit_point_array.
+//       Arming: adrp/add form the descriptor's address in x9, then a store to
+//       area->rseq_cs (offset 8), the only store percpu makes to the area. It
+//       precedes the start label.
+//   1:  start_ip. The first check re-reads the index field (cpu_id or mm_cid)
+//       and leaves for the abort path if it is not `index`.
+//   2:  post-commit: the first instruction after the single committing store.
+//   4:  abort_ip, in section __rseq_failure, outside [1, 2). The instruction
+//       before it is the signature 0xd428bc00 (brk #0x45e0), so falling into
+//       it traps. It branches to the C label `abort`.
+//   5:/6:  PERCPU_INJECT_DELAYS only: a countdown in w11 between start and
+//       commit.
+//   7:  PERCPU_COMPARE_TWICE only: re-read the index right before the commit;
+//       brk if it moved (it cannot, unless the section is broken).
+//
+// Stores are plain str: the section runs on one CPU and that CPU observes its
+// own stores in order, and the kernel's abort is a context switch, which
+// orders everything. No barrier or acquire/release is needed inside.
+// Scratch registers are named clobbers (x9, x10, x11; never x16/x17, which a
+// linker veneer may use) because asm goto with outputs is not available on
+// every supported compiler.
+#pragma once
+
+#include <cstdint>
+
+namespace percpu {
+namespace internal {
+
+constexpr bool kHaveRseqSections = true;
+
+// rseq_cmpeqv_storev: compare-and-store.
+//
+//   pseudo-code:   if (area->index != index) return -1;
+//                  if (*v != expect) return 1;
+//                  *v = newv;                       <- commit
+//                  return 0;
+//   operands:      area -> %[area], v -> %[v], expect -> %[expect],
+//                  newv -> %[newv], index -> %w[index], x9 descriptor address,
+//                  w10/x10 loaded values
+//   labels:        start 1, commit "str %[newv], [%[v]]", post-commit 2,
+//                  abort 4 -> C label abort (-1), exit cmpfail (1)
+template <index_kind K>
+inline int rseq_cmpeqv_storev(rseq_area* area, std::intptr_t* v, std::intptr_t expect,
+                              std::intptr_t newv, int index) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[cmpfail]\n\t"
+      ".popsection\n\t"
+      "adrp x9, 3b\n\t"
+      "add x9, x9, :lo12:3b\n\t"
+      "str x9, [%[area], %c[cs_offset]]\n\t"
+      "1:\n\t"
+      "ldr w10, [%[area], %c[index_offset]]\n\t"
+      "cmp w10, %w[index]\n\t"
+      "b.ne %l[abort]\n\t"
+      "ldr x10, [%[v]]\n\t"
+      "cmp x10, %[expect]\n\t"
+      "b.ne %l[cmpfail]\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "mov w11, %w[delay]\n\t"
+      "5:\n\t"
+      "cbz w11, 6f\n\t"
+      "sub w11, w11, #1\n\t"
+      "b 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "ldr w11, [%[area], %c[index_offset]]\n\t"
+      "cmp w11, %w[index]\n\t"
+      "b.eq 7f\n\t"
+      "brk #0x7\n\t"
+      "7:\n\t"
+#endif
+      "str %[newv], [%[v]]\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".inst " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "b %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(area), [v] "r"(v), [expect] "r"(expect), [newv] "r"(newv),
+        [index] "r"(index), [cs_offset] "i"(kRseqCsOffset),
+        [index_offset] "i"(index_offset<K>())
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "x9", "x10", "x11"
+      : abort, cmpfail);
+  return 0;
+abort:
+  return -1;
+cmpfail:
+  return 1;
+}
+
+// rseq_addv: add.
+//
+//   pseudo-code:   if (area->index != index) return -1;
+//                  tmp = *v + count;
+//                  *v = tmp;                        <- commit
+//                  return 0;
+//   operands:      area -> %[area], v -> %[v], count -> %[count],
+//                  index -> %w[index], x9 descriptor address, x10 the sum
+//   labels:        start 1, commit "str x10, [%[v]]", post-commit 2,
+//                  abort 4 -> C label abort (-1); no compare, never returns 1
+template <index_kind K>
+inline int rseq_addv(rseq_area* area, std::intptr_t* v, std::intptr_t count, int index) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".popsection\n\t"
+      "adrp x9, 3b\n\t"
+      "add x9, x9, :lo12:3b\n\t"
+      "str x9, [%[area], %c[cs_offset]]\n\t"
+      "1:\n\t"
+      "ldr w10, [%[area], %c[index_offset]]\n\t"
+      "cmp w10, %w[index]\n\t"
+      "b.ne %l[abort]\n\t"
+      "ldr x10, [%[v]]\n\t"
+      "add x10, x10, %[count]\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "mov w11, %w[delay]\n\t"
+      "5:\n\t"
+      "cbz w11, 6f\n\t"
+      "sub w11, w11, #1\n\t"
+      "b 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "ldr w11, [%[area], %c[index_offset]]\n\t"
+      "cmp w11, %w[index]\n\t"
+      "b.eq 7f\n\t"
+      "brk #0x7\n\t"
+      "7:\n\t"
+#endif
+      "str x10, [%[v]]\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".inst " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "b %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(area), [v] "r"(v), [count] "r"(count), [index] "r"(index),
+        [cs_offset] "i"(kRseqCsOffset), [index_offset] "i"(index_offset<K>())
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "x9", "x10", "x11"
+      : abort);
+  return 0;
+abort:
+  return -1;
+}
+
+// rseq_cmpeqv_trystorev_storev: compare, then a speculative store and the
+// committing store (e.g. push: node->next = head speculatively, head = node).
+//
+//   pseudo-code:   if (area->index != index) return -1;
+//                  if (*v != expect) return 1;
+//                  *v2 = newv2;                     <- speculative, may survive an abort
+//                  *v = newv;                       <- commit
+//                  return 0;
+//   operands:      area -> %[area], v -> %[v], expect -> %[expect],
+//                  v2 -> %[v2], newv2 -> %[newv2], newv -> %[newv],
+//                  index -> %w[index], x9 descriptor address, w10/x10 loaded values
+//   labels:        start 1, commit "str %[newv], [%[v]]", post-commit 2,
+//                  abort 4 -> C label abort (-1), exit cmpfail (1)
+template <index_kind K>
+inline int rseq_cmpeqv_trystorev_storev(rseq_area* area, std::intptr_t* v, std::intptr_t expect,
+                                        std::intptr_t* v2, std::intptr_t newv2,
+                                        std::intptr_t newv, int index) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[cmpfail]\n\t"
+      ".popsection\n\t"
+      "adrp x9, 3b\n\t"
+      "add x9, x9, :lo12:3b\n\t"
+      "str x9, [%[area], %c[cs_offset]]\n\t"
+      "1:\n\t"
+      "ldr w10, [%[area], %c[index_offset]]\n\t"
+      "cmp w10, %w[index]\n\t"
+      "b.ne %l[abort]\n\t"
+      "ldr x10, [%[v]]\n\t"
+      "cmp x10, %[expect]\n\t"
+      "b.ne %l[cmpfail]\n\t"
+      "str %[newv2], [%[v2]]\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "mov w11, %w[delay]\n\t"
+      "5:\n\t"
+      "cbz w11, 6f\n\t"
+      "sub w11, w11, #1\n\t"
+      "b 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "ldr w11, [%[area], %c[index_offset]]\n\t"
+      "cmp w11, %w[index]\n\t"
+      "b.eq 7f\n\t"
+      "brk #0x7\n\t"
+      "7:\n\t"
+#endif
+      "str %[newv], [%[v]]\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".inst " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "b %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(area), [v] "r"(v), [expect] "r"(expect), [v2] "r"(v2),
+        [newv2] "r"(newv2), [newv] "r"(newv), [index] "r"(index),
+        [cs_offset] "i"(kRseqCsOffset), [index_offset] "i"(index_offset<K>())
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "x9", "x10", "x11"
+      : abort, cmpfail);
+  return 0;
+abort:
+  return -1;
+cmpfail:
+  return 1;
+}
+
+// rseq_cmpnev_storeoffp_load: intrusive-list pop. *v is the list head, each
+// node keeps its successor at byte offset voffp.
+//
+//   pseudo-code:   if (area->index != index) return -1;
+//                  head = *v;
+//                  if (head == expectnot) return 1;     (the empty list)
+//                  *load = head;                        <- speculative
+//                  *v = *(intptr_t*)(head + voffp);     <- commit
+//                  return 0;
+//   operands:      area -> %[area], v -> %[v], expectnot -> %[expectnot],
+//                  voffp -> %[voffp], load -> %[load], index -> %w[index],
+//                  x9 descriptor address then head's successor, x10 head
+//   labels:        start 1, commit "str x9, [%[v]]", post-commit 2,
+//                  abort 4 -> C label abort (-1), exit cmpfail (1)
+//   Why it is ABA-safe: the head is read and replaced inside one section on
+//   the owning CPU, so no other push or pop can run in between.
+template <index_kind K>
+inline int rseq_cmpnev_storeoffp_load(rseq_area* area, std::intptr_t* v, std::intptr_t expectnot,
+                                      long voffp, std::intptr_t* load, int index) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[cmpfail]\n\t"
+      ".popsection\n\t"
+      "adrp x9, 3b\n\t"
+      "add x9, x9, :lo12:3b\n\t"
+      "str x9, [%[area], %c[cs_offset]]\n\t"
+      "1:\n\t"
+      "ldr w10, [%[area], %c[index_offset]]\n\t"
+      "cmp w10, %w[index]\n\t"
+      "b.ne %l[abort]\n\t"
+      "ldr x10, [%[v]]\n\t"
+      "cmp x10, %[expectnot]\n\t"
+      "b.eq %l[cmpfail]\n\t"
+      "str x10, [%[load]]\n\t"
+      "ldr x9, [x10, %[voffp]]\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "mov w11, %w[delay]\n\t"
+      "5:\n\t"
+      "cbz w11, 6f\n\t"
+      "sub w11, w11, #1\n\t"
+      "b 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "ldr w11, [%[area], %c[index_offset]]\n\t"
+      "cmp w11, %w[index]\n\t"
+      "b.eq 7f\n\t"
+      "brk #0x7\n\t"
+      "7:\n\t"
+#endif
+      "str x9, [%[v]]\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".inst " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "b %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(area), [v] "r"(v), [expectnot] "r"(expectnot), [voffp] "r"(voffp),
+        [load] "r"(load), [index] "r"(index), [cs_offset] "i"(kRseqCsOffset),
+        [index_offset] "i"(index_offset<K>())
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "x9", "x10", "x11"
+      : abort, cmpfail);
+  return 0;
+abort:
+  return -1;
+cmpfail:
+  return 1;
+}
+
+}  // namespace internal
+}  // namespace percpu

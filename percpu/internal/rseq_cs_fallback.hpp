@@ -1,0 +1,42 @@
+// Architectures without percpu rseq support. Included only by
+// percpu/internal/rseq_cs.hpp.
+//
+// percpu never registers rseq here (thread_pointer_generic.hpp sets
+// kArchHasRseq to false), so rseq_area_for_sections() always returns nullptr
+// and callers always take their atomic path. The operations exist so that the
+// same caller code compiles everywhere; each reports an abort without storing.
+#pragma once
+
+#include <cstdint>
+
+namespace percpu {
+namespace internal {
+
+constexpr bool kHaveRseqSections = false;
+
+template <index_kind K>
+inline int rseq_cmpeqv_storev(rseq_area*, std::intptr_t*, std::intptr_t, std::intptr_t,
+                              int) noexcept {
+  return -1;
+}
+
+template <index_kind K>
+inline int rseq_addv(rseq_area*, std::intptr_t*, std::intptr_t, int) noexcept {
+  return -1;
+}
+
+template <index_kind K>
+inline int rseq_cmpeqv_trystorev_storev(rseq_area*, std::intptr_t*, std::intptr_t,
+                                        std::intptr_t*, std::intptr_t, std::intptr_t,
+                                        int) noexcept {
+  return -1;
+}
+
+template <index_kind K>
+inline int rseq_cmpnev_storeoffp_load(rseq_area*, std::intptr_t*, std::intptr_t, long,
+                                      std::intptr_t*, int) noexcept {
+  return -1;
+}
+
+}  // namespace internal
+}  // namespace percpu

@@ -1,0 +1,338 @@
+// x86-64 rseq critical sections. Included only by percpu/internal/rseq_cs.hpp,
+// which documents the contract and the return values.
+//
+// Layout shared by every section below (label numbers are local to one asm
+// statement; the compiler may copy a statement, the assembler resolves each
+// copy's labels to its nearest definitions):
+//
+//   3:  the descriptor (struct rseq_cs) in section __rseq_cs, 32-byte aligned:
+//       version 0, flags 0, start_ip = 1f, post_commit_offset = 2f - 1f,
+//       abort_ip = 4f. A pointer to it goes in __rseq_cs_ptr_array, and each
+//       jump out of the section before the commit is listed as a pair
+//       (start_ip, exit_ip) in __rseq_exit_point_array.
+//       Arming: leaq 3b(%rip) then a store to area->rseq_cs (offset 8), the
+//       only store percpu makes to the area. It precedes the start label.
+//   1:  start_ip. The first check re-reads the index field (cpu_id or mm_cid)
+//       and leaves for the abort path if it is not `index`.
+//   2:  post-commit: the first byte after the single committing store.
+//   4:  abort_ip, in section __rseq_failure, outside [1, 2). The four bytes
+//       before it are the signature 0x53053053, as the disp32 of an
+//       "ud1 disp32(%rip), %edi" (bytes 0f b9 3d), so the signature decodes as
+//       a trapping instruction rather than as garbage. It jumps to the C
+//       label `abort`.
+//   5:/6:  PERCPU_INJECT_DELAYS only: a countdown in %ecx between start and
+//       commit.
+//   7:  PERCPU_COMPARE_TWICE only: re-read the index right before the commit;
+//       ud2 if it moved (it cannot, unless the section is broken).
+//
+// Scratch registers are named clobbers (%rax, %rcx) because asm goto with
+// outputs is not available on every supported compiler.
+#pragma once
+
+#include <cstdint>
+
+namespace percpu {
+namespace internal {
+
+constexpr bool kHaveRseqSections = true;
+
+// rseq_cmpeqv_storev: compare-and-store.
+//
+//   pseudo-code:   if (area->index != index) return -1;
+//                  if (*v != expect) return 1;
+//                  *v = newv;                       <- commit
+//                  return 0;
+//   operands:      area -> %[area], v -> %[v], expect -> %[expect],
+//                  newv -> %[newv], index -> %[index], %rax descriptor address
+//   labels:        start 1, commit "movq %[newv], (%[v])", post-commit 2,
+//                  abort 4 -> C label abort (-1), exit cmpfail (1)
+template <index_kind K>
+inline int rseq_cmpeqv_storev(rseq_area* area, std::intptr_t* v, std::intptr_t expect,
+                              std::intptr_t newv, int index) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[cmpfail]\n\t"
+      ".popsection\n\t"
+      "leaq 3b(%%rip), %%rax\n\t"
+      "movq %%rax, %c[cs_offset](%[area])\n\t"
+      "1:\n\t"
+      "cmpl %[index], %c[index_offset](%[area])\n\t"
+      "jne %l[abort]\n\t"
+      "cmpq %[expect], (%[v])\n\t"
+      "jne %l[cmpfail]\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "movl %[delay], %%ecx\n\t"
+      "5:\n\t"
+      "testl %%ecx, %%ecx\n\t"
+      "jz 6f\n\t"
+      "decl %%ecx\n\t"
+      "jmp 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "cmpl %[index], %c[index_offset](%[area])\n\t"
+      "je 7f\n\t"
+      "ud2\n\t"
+      "7:\n\t"
+#endif
+      "movq %[newv], (%[v])\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".byte 0x0f, 0xb9, 0x3d\n\t"
+      ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "jmp %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(area), [v] "r"(v), [expect] "r"(expect), [newv] "r"(newv),
+        [index] "r"(index), [cs_offset] "i"(kRseqCsOffset),
+        [index_offset] "i"(index_offset<K>())
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "rax", "rcx"
+      : abort, cmpfail);
+  return 0;
+abort:
+  return -1;
+cmpfail:
+  return 1;
+}
+
+// rseq_addv: add.
+//
+//   pseudo-code:   if (area->index != index) return -1;
+//                  *v += count;                     <- commit (one RMW instruction,
+//                  return 0;                           not locked: only this CPU writes)
+//   operands:      area -> %[area], v -> %[v], count -> %[count],
+//                  index -> %[index], %rax descriptor address
+//   labels:        start 1, commit "addq %[count], (%[v])", post-commit 2,
+//                  abort 4 -> C label abort (-1); no compare, never returns 1
+template <index_kind K>
+inline int rseq_addv(rseq_area* area, std::intptr_t* v, std::intptr_t count, int index) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".popsection\n\t"
+      "leaq 3b(%%rip), %%rax\n\t"
+      "movq %%rax, %c[cs_offset](%[area])\n\t"
+      "1:\n\t"
+      "cmpl %[index], %c[index_offset](%[area])\n\t"
+      "jne %l[abort]\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "movl %[delay], %%ecx\n\t"
+      "5:\n\t"
+      "testl %%ecx, %%ecx\n\t"
+      "jz 6f\n\t"
+      "decl %%ecx\n\t"
+      "jmp 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "cmpl %[index], %c[index_offset](%[area])\n\t"
+      "je 7f\n\t"
+      "ud2\n\t"
+      "7:\n\t"
+#endif
+      "addq %[count], (%[v])\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".byte 0x0f, 0xb9, 0x3d\n\t"
+      ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "jmp %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(area), [v] "r"(v), [count] "r"(count), [index] "r"(index),
+        [cs_offset] "i"(kRseqCsOffset), [index_offset] "i"(index_offset<K>())
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "rax", "rcx"
+      : abort);
+  return 0;
+abort:
+  return -1;
+}
+
+// rseq_cmpeqv_trystorev_storev: compare, then a speculative store and the
+// committing store (e.g. push: node->next = head speculatively, head = node).
+//
+//   pseudo-code:   if (area->index != index) return -1;
+//                  if (*v != expect) return 1;
+//                  *v2 = newv2;                     <- speculative, may survive an abort
+//                  *v = newv;                       <- commit
+//                  return 0;
+//   operands:      area -> %[area], v -> %[v], expect -> %[expect],
+//                  v2 -> %[v2], newv2 -> %[newv2], newv -> %[newv],
+//                  index -> %[index], %rax descriptor address
+//   labels:        start 1, commit "movq %[newv], (%[v])", post-commit 2,
+//                  abort 4 -> C label abort (-1), exit cmpfail (1)
+template <index_kind K>
+inline int rseq_cmpeqv_trystorev_storev(rseq_area* area, std::intptr_t* v, std::intptr_t expect,
+                                        std::intptr_t* v2, std::intptr_t newv2,
+                                        std::intptr_t newv, int index) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[cmpfail]\n\t"
+      ".popsection\n\t"
+      "leaq 3b(%%rip), %%rax\n\t"
+      "movq %%rax, %c[cs_offset](%[area])\n\t"
+      "1:\n\t"
+      "cmpl %[index], %c[index_offset](%[area])\n\t"
+      "jne %l[abort]\n\t"
+      "cmpq %[expect], (%[v])\n\t"
+      "jne %l[cmpfail]\n\t"
+      "movq %[newv2], (%[v2])\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "movl %[delay], %%ecx\n\t"
+      "5:\n\t"
+      "testl %%ecx, %%ecx\n\t"
+      "jz 6f\n\t"
+      "decl %%ecx\n\t"
+      "jmp 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "cmpl %[index], %c[index_offset](%[area])\n\t"
+      "je 7f\n\t"
+      "ud2\n\t"
+      "7:\n\t"
+#endif
+      "movq %[newv], (%[v])\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".byte 0x0f, 0xb9, 0x3d\n\t"
+      ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "jmp %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(area), [v] "r"(v), [expect] "r"(expect), [v2] "r"(v2),
+        [newv2] "r"(newv2), [newv] "r"(newv), [index] "r"(index),
+        [cs_offset] "i"(kRseqCsOffset), [index_offset] "i"(index_offset<K>())
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "rax", "rcx"
+      : abort, cmpfail);
+  return 0;
+abort:
+  return -1;
+cmpfail:
+  return 1;
+}
+
+// rseq_cmpnev_storeoffp_load: intrusive-list pop. *v is the list head, each
+// node keeps its successor at byte offset voffp.
+//
+//   pseudo-code:   if (area->index != index) return -1;
+//                  head = *v;
+//                  if (head == expectnot) return 1;     (the empty list)
+//                  *load = head;                        <- speculative
+//                  *v = *(intptr_t*)(head + voffp);     <- commit
+//                  return 0;
+//   operands:      area -> %[area], v -> %[v], expectnot -> %[expectnot],
+//                  voffp -> %[voffp], load -> %[load], index -> %[index],
+//                  %rax descriptor address then head then head's successor
+//   labels:        start 1, commit "movq %%rax, (%[v])", post-commit 2,
+//                  abort 4 -> C label abort (-1), exit cmpfail (1)
+//   Why it is ABA-safe: the head is read and replaced inside one section on
+//   the owning CPU, so no other push or pop can run in between.
+template <index_kind K>
+inline int rseq_cmpnev_storeoffp_load(rseq_area* area, std::intptr_t* v, std::intptr_t expectnot,
+                                      long voffp, std::intptr_t* load, int index) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[cmpfail]\n\t"
+      ".popsection\n\t"
+      "leaq 3b(%%rip), %%rax\n\t"
+      "movq %%rax, %c[cs_offset](%[area])\n\t"
+      "1:\n\t"
+      "cmpl %[index], %c[index_offset](%[area])\n\t"
+      "jne %l[abort]\n\t"
+      "movq (%[v]), %%rax\n\t"
+      "cmpq %[expectnot], %%rax\n\t"
+      "je %l[cmpfail]\n\t"
+      "movq %%rax, (%[load])\n\t"
+      "movq (%%rax, %[voffp]), %%rax\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "movl %[delay], %%ecx\n\t"
+      "5:\n\t"
+      "testl %%ecx, %%ecx\n\t"
+      "jz 6f\n\t"
+      "decl %%ecx\n\t"
+      "jmp 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "cmpl %[index], %c[index_offset](%[area])\n\t"
+      "je 7f\n\t"
+      "ud2\n\t"
+      "7:\n\t"
+#endif
+      "movq %%rax, (%[v])\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".byte 0x0f, 0xb9, 0x3d\n\t"
+      ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "jmp %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(area), [v] "r"(v), [expectnot] "r"(expectnot), [voffp] "r"(voffp),
+        [load] "r"(load), [index] "r"(index), [cs_offset] "i"(kRseqCsOffset),
+        [index_offset] "i"(index_offset<K>())
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "rax", "rcx"
+      : abort, cmpfail);
+  return 0;
+abort:
+  return -1;
+cmpfail:
+  return 1;
+}
+
+}  // namespace internal
+}  // namespace percpu
