@@ -35,7 +35,7 @@
 namespace percpu {
 namespace internal {
 
-fast_path_offsets g_fast_path = {0, 0, 0, 0};
+fast_path_offsets g_fast_path = {0, 0, 0, 0, false};
 
 namespace {
 
@@ -53,12 +53,14 @@ thread_local thread_registration registration PERCPU_STATIC_TLS = thread_registr
 thread_local int registration_error PERCPU_STATIC_TLS = 0;
 
 struct process_state {
-  rseq_owner owner = rseq_owner::none;       // who registers threads
+  // Who registers threads. Drops from percpu to none, once, when the kernel
+  // turns out to have no rseq at all, so later threads skip the attempt.
+  std::atomic<rseq_owner> owner{rseq_owner::none};
   std::intptr_t natural_area = 0;            // the area rseq would serve from
   unsigned feature_size = 0;                 // bytes the kernel keeps current
   cpu_backend fallback = cpu_backend::syscall;
+  vdso_getcpu_fn vdso_getcpu = nullptr;     // cached for the vdso fallback
   int forced = -1;                           // a cpu_backend, or -1
-  std::atomic<bool> rseq_enosys{false};      // the kernel has no rseq at all
   std::atomic<bool> forced_rseq_warned{false};
 };
 process_state g_state;
@@ -141,6 +143,16 @@ void aim_fast_path(std::intptr_t area, unsigned feature_size) {
       feature_size >= kFeatureSizeMmCid ? area + kMmCidOffset : area + kCpuIdOffset;
 }
 
+// Every change of owner or fallback goes through here, so the inline RDPID
+// shortcut never skips a registration that is still due.
+void set_owner_and_fallback(rseq_owner owner, cpu_backend fallback) {
+  g_state.fallback = fallback;
+  g_state.owner.store(owner, std::memory_order_relaxed);
+  g_fast_path.rdpid_inline = fallback == cpu_backend::rdpid && owner != rseq_owner::percpu;
+}
+
+void set_owner(rseq_owner owner) { set_owner_and_fallback(owner, g_state.fallback); }
+
 void aim_at_fallback() {
   aim_fast_path(tp_offset_of(&unregistered_area), 0);
 }
@@ -171,14 +183,15 @@ __attribute__((constructor(101))) void initialize() {
   g_state.fallback = choose_fallback(
       forced_fallback ? static_cast<cpu_backend>(g_state.forced) : cpu_backend::rdpid,
       forced_fallback);
+  g_state.vdso_getcpu = vdso_getcpu_function();
   std::intptr_t area = 0;
   if (glibc_registered_rseq(&area)) {
-    g_state.owner = rseq_owner::glibc;
+    set_owner(rseq_owner::glibc);
   } else if (kArchHasRseq) {
-    g_state.owner = rseq_owner::percpu;
+    set_owner(rseq_owner::percpu);
     area = tp_offset_of(&own_area);
   } else {
-    g_state.owner = rseq_owner::none;
+    set_owner(rseq_owner::none);
     area = tp_offset_of(&unregistered_area);
     if (g_state.forced == static_cast<int>(cpu_backend::rseq)) {
       say({"PERCPU_BACKEND=rseq is unavailable here (no rseq support for this architecture); using ",
@@ -188,7 +201,7 @@ __attribute__((constructor(101))) void initialize() {
   g_state.natural_area = area;
 
   if (forced_fallback) {
-    if (g_state.owner == rseq_owner::percpu) g_state.owner = rseq_owner::none;
+    if (g_state.owner.load() == rseq_owner::percpu) set_owner(rseq_owner::none);
     aim_at_fallback();
   } else {
     aim_fast_path(area, g_state.feature_size);
@@ -202,11 +215,6 @@ bool register_this_thread() noexcept {
   if (registration != thread_registration::untried) {
     return registration == thread_registration::registered;
   }
-  if (g_state.rseq_enosys.load(std::memory_order_relaxed)) {
-    registration_error = ENOSYS;
-    registration = thread_registration::failed;
-    return false;
-  }
   registration = thread_registration::trying;
   std::atomic_signal_fence(std::memory_order_seq_cst);
   const int saved_errno = errno;
@@ -219,7 +227,7 @@ bool register_this_thread() noexcept {
   const bool ok = error == 0 || (error == EBUSY && own_area.cpu_id >= 0);
   registration_error = ok ? 0 : error;
   registration = ok ? thread_registration::registered : thread_registration::failed;
-  if (error == ENOSYS) g_state.rseq_enosys.store(true, std::memory_order_relaxed);
+  if (error == ENOSYS) set_owner(rseq_owner::none);
   if (!ok && g_state.forced == static_cast<int>(cpu_backend::rseq) &&
       !g_state.forced_rseq_warned.exchange(true)) {
     say({"PERCPU_BACKEND=rseq is unavailable here (rseq registration failed with ",
@@ -232,7 +240,7 @@ bool register_this_thread() noexcept {
 // register it if that is percpu's job and has not been tried yet.
 bool ensure_registered() noexcept {
   if (load_tp_relative_i32(g_fast_path.cpu_id) >= 0) return true;
-  if (g_state.owner != rseq_owner::percpu) return false;
+  if (g_state.owner.load(std::memory_order_relaxed) != rseq_owner::percpu) return false;
   if (g_fast_path.area != tp_offset_of(&own_area)) return false;
   return register_this_thread() && load_tp_relative_i32(g_fast_path.cpu_id) >= 0;
 }
@@ -243,13 +251,39 @@ int query_fallback(unsigned* cpu, unsigned* node) noexcept {
   return fallback_query(g_state.fallback, cpu, node);
 }
 
+namespace {
+
+// Registration is percpu's job at most once per thread, so it stays out of
+// line; what remains inline is the fallback itself, which must cost little
+// more than the mechanism it wraps.
+__attribute__((noinline)) int cpu_id_after_registering() noexcept {
+  return ensure_registered() ? load_tp_relative_i32(g_fast_path.cpu_id) : -1;
+}
+
+__attribute__((noinline)) int cpu_id_from_syscall() noexcept {
+  unsigned cpu = 0;
+  return raw_syscall_getcpu(&cpu, nullptr) == 0 ? static_cast<int>(cpu) : 0;
+}
+
+}  // namespace
+
 int cpu_id_slow() noexcept {
-  if (ensure_registered()) {
-    const int id = load_tp_relative_i32(g_fast_path.cpu_id);
+  if (g_state.owner.load(std::memory_order_relaxed) == rseq_owner::percpu) {
+    const int id = cpu_id_after_registering();
     if (id >= 0) return id;
   }
-  unsigned cpu = 0;
-  return query_fallback(&cpu, nullptr) == 0 ? static_cast<int>(cpu) : 0;
+  switch (g_state.fallback) {
+    case cpu_backend::rdpid:
+      return static_cast<int>(rdpid_tsc_aux() & kRdpidCpuMask);
+    case cpu_backend::vdso: {
+      unsigned cpu = 0;
+      if (g_state.vdso_getcpu(&cpu, nullptr, nullptr) == 0) return static_cast<int>(cpu);
+      break;
+    }
+    default:
+      break;
+  }
+  return cpu_id_from_syscall();
 }
 
 int node_id_slow() noexcept {
@@ -275,26 +309,28 @@ rseq_area* registered_rseq_area() noexcept {
 
 int rseq_registration_error() noexcept {
   if (ensure_registered()) return 0;
-  if (g_state.owner == rseq_owner::percpu) return registration_error;
-  return g_state.owner == rseq_owner::glibc ? EPERM : ENOSYS;
+  if (registration_error != 0) return registration_error;
+  return g_state.owner.load() == rseq_owner::glibc ? EPERM : ENOSYS;
 }
 
 bool force_backend(cpu_backend backend) noexcept {
   if (backend == cpu_backend::rseq) {
     if (g_state.natural_area == tp_offset_of(&unregistered_area)) return false;
     g_state.forced = -1;
-    if (g_state.natural_area == tp_offset_of(&own_area)) g_state.owner = rseq_owner::percpu;
+    if (g_state.natural_area == tp_offset_of(&own_area)) set_owner(rseq_owner::percpu);
     aim_fast_path(g_state.natural_area, g_state.feature_size);
     if (!ensure_registered()) {
       aim_at_fallback();
+      if (g_state.owner.load() == rseq_owner::percpu) set_owner(rseq_owner::none);
       return false;
     }
     return true;
   }
   if (!fallback_usable(backend, nullptr)) return false;
   g_state.forced = static_cast<int>(backend);
-  g_state.fallback = backend;
-  if (g_state.owner == rseq_owner::percpu) g_state.owner = rseq_owner::none;
+  g_state.vdso_getcpu = vdso_getcpu_function();
+  set_owner_and_fallback(g_state.owner.load(), backend);
+  if (g_state.owner.load() == rseq_owner::percpu) set_owner(rseq_owner::none);
   aim_at_fallback();
   return true;
 }

@@ -93,8 +93,15 @@ struct alignas(64) fast_path_offsets {
   std::intptr_t cpu_id;          // its cpu_id
   std::intptr_t node_id;         // its node_id, or a word that is always -1
   std::intptr_t concurrency_id;  // its mm_cid, or its cpu_id
+  // True when a negative cpu_id can be answered by RDPID right away: the
+  // fallback is RDPID and no thread has an rseq registration of percpu's
+  // still to attempt. Keeps that fallback as cheap as the instruction.
+  bool rdpid_inline;
 };
 extern fast_path_offsets g_fast_path;
+
+constexpr unsigned kRdpidCpuMask = 0xfff;  // TSC_AUX = (node << 12) | cpu
+constexpr unsigned kRdpidNodeShift = 12;
 
 int cpu_id_slow() noexcept;
 int node_id_slow() noexcept;
@@ -105,6 +112,9 @@ int concurrency_id_slow() noexcept;
 inline int cpu_id() noexcept {
   const int id = internal::load_tp_relative_i32(internal::g_fast_path.cpu_id);
   if (__builtin_expect(id >= 0, 1)) return id;
+  if (internal::kArchHasRdpid && internal::g_fast_path.rdpid_inline) {
+    return static_cast<int>(internal::rdpid_tsc_aux() & internal::kRdpidCpuMask);
+  }
   return internal::cpu_id_slow();
 }
 

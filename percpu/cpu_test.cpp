@@ -318,12 +318,13 @@ TEST(CpuStatic, WorksInStaticConstructorsBeforeMain) {
 }
 
 TEST(CpuExec, WorksAfterExec) {
-  // /proc/self/exe re-runs this test binary with a filter for one test, so
-  // the whole start-up path runs again in a fresh image.
+  // Re-runs this test binary (by the name it was started with: under
+  // valgrind /proc/self/exe is the tool) with a filter for one test, so the
+  // whole start-up path runs again in a fresh image.
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    execl("/proc/self/exe", "cpu_test", "--gtest_filter=BackendTest.EveryBackendAgreesWithGetcpuOnEveryCpu",
+    execl(program_invocation_name, program_invocation_name, "--gtest_filter=BackendTest.EveryBackendAgreesWithGetcpuOnEveryCpu",
           static_cast<char*>(nullptr));
     _exit(127);
   }

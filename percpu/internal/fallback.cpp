@@ -13,12 +13,8 @@
 
 namespace percpu {
 namespace internal {
-namespace {
-
-using vdso_getcpu_fn = long (*)(unsigned*, unsigned*, void*);
-
 // Looked up on first use; a racing second lookup stores the same value.
-vdso_getcpu_fn vdso_getcpu() noexcept {
+vdso_getcpu_fn vdso_getcpu_function() noexcept {
   static vdso_getcpu_fn cached = nullptr;
   static bool looked_up = false;
   if (!__atomic_load_n(&looked_up, __ATOMIC_ACQUIRE)) {
@@ -34,6 +30,8 @@ vdso_getcpu_fn vdso_getcpu() noexcept {
   }
   return __atomic_load_n(&cached, __ATOMIC_RELAXED);
 }
+
+namespace {
 
 #if defined(__x86_64__)
 bool cpu_has_rdpid() noexcept {
@@ -53,7 +51,7 @@ bool rdpid_agrees_with_kernel() noexcept {
     if (raw_syscall_getcpu(&cpu, &node) != 0) return false;
     const unsigned after = raw_rdpid();
     if (before != after) continue;  // migrated in between; ask again
-    return (before & 0xfff) == cpu && (before >> 12) == node;
+    return (before & kRdpidCpuMask) == cpu && (before >> kRdpidNodeShift) == node;
   }
   return false;
 }
@@ -73,19 +71,8 @@ bool vdso_agrees_with_kernel() noexcept {
 
 }  // namespace
 
-unsigned raw_rdpid() noexcept {
-#if defined(__x86_64__)
-  unsigned long value;
-  // rdpid %rax, spelled in bytes for assemblers that predate the mnemonic.
-  asm volatile(".byte 0xf3, 0x0f, 0xc7, 0xf8" : "=a"(value));
-  return static_cast<unsigned>(value);
-#else
-  return 0;
-#endif
-}
-
 int raw_vdso_getcpu(unsigned* cpu, unsigned* node) noexcept {
-  const vdso_getcpu_fn f = vdso_getcpu();
+  const vdso_getcpu_fn f = vdso_getcpu_function();
   if (f == nullptr) return -1;
   return static_cast<int>(f(cpu, node, nullptr));
 }
@@ -113,7 +100,7 @@ bool fallback_usable(cpu_backend backend, const char** why) noexcept {
 #endif
       break;
     case cpu_backend::vdso:
-      if (vdso_getcpu() == nullptr) {
+      if (vdso_getcpu_function() == nullptr) {
         reason = "this kernel's vDSO has no getcpu";
       } else if (!vdso_agrees_with_kernel()) {
         reason = "the vDSO getcpu disagrees with the system call";
@@ -136,8 +123,8 @@ int fallback_query(cpu_backend backend, unsigned* cpu, unsigned* node) noexcept 
   switch (backend) {
     case cpu_backend::rdpid: {
       const unsigned value = raw_rdpid();
-      if (cpu != nullptr) *cpu = value & 0xfff;
-      if (node != nullptr) *node = value >> 12;
+      if (cpu != nullptr) *cpu = value & kRdpidCpuMask;
+      if (node != nullptr) *node = value >> kRdpidNodeShift;
       return 0;
     }
     case cpu_backend::vdso:

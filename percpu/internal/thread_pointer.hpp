@@ -8,6 +8,8 @@
 //       a single load of the 32-bit word at thread_pointer() + offset, never
 //       merged with another load and never hoisted out of a loop, because the
 //       kernel rewrites that word behind the compiler's back.
+//   constexpr bool kArchHasRdpid; unsigned rdpid_tsc_aux() noexcept;
+//       the x86-64 RDPID instruction, for the inline RDPID fallback.
 #pragma once
 
 #if defined(__x86_64__)

@@ -22,5 +22,9 @@ inline std::int32_t load_tp_relative_i32(std::intptr_t offset) noexcept {
   return value;
 }
 
+// No RDPID on this architecture; never called.
+constexpr bool kArchHasRdpid = false;
+inline unsigned rdpid_tsc_aux() noexcept { return 0; }
+
 }  // namespace internal
 }  // namespace percpu

@@ -18,5 +18,9 @@ inline std::int32_t load_tp_relative_i32(std::intptr_t offset) noexcept {
   return *reinterpret_cast<volatile const std::int32_t*>(thread_pointer() + offset);
 }
 
+// No RDPID on this architecture; never called.
+constexpr bool kArchHasRdpid = false;
+inline unsigned rdpid_tsc_aux() noexcept { return 0; }
+
 }  // namespace internal
 }  // namespace percpu

@@ -22,5 +22,15 @@ inline std::int32_t load_tp_relative_i32(std::intptr_t offset) noexcept {
   return value;
 }
 
+// RDPID: IA32_TSC_AUX, which Linux sets to (node << 12) | cpu on each CPU.
+// Only valid where percpu checked that the CPU has it and that it agrees with
+// the kernel. Spelled in bytes for assemblers that predate the mnemonic.
+constexpr bool kArchHasRdpid = true;
+inline unsigned rdpid_tsc_aux() noexcept {
+  unsigned long value;
+  asm volatile(".byte 0xf3, 0x0f, 0xc7, 0xf8" : "=a"(value));  // rdpid %rax
+  return static_cast<unsigned>(value);
+}
+
 }  // namespace internal
 }  // namespace percpu
