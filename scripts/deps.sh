@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# scripts/deps.sh GROUP...: makes sure the Debian packages a job needs are
+# installed. As root it installs what is missing; otherwise it prints the
+# exact apt-get line and fails.
+#
+# Groups: build (compiler, CMake, GoogleTest, Google Benchmark, CLI11),
+#         clang, valgrind, aarch64 (cross compiler, qemu-user, qemu-system),
+#         allocators (jemalloc, gperftools' tcmalloc).
+set -euo pipefail
+
+packages=()
+for group in "$@"; do
+  case "$group" in
+    build) packages+=(build-essential cmake ninja-build pkg-config libgtest-dev libbenchmark-dev
+                      libcli11-dev binutils python3) ;;
+    clang) packages+=(clang libclang-rt-14-dev) ;;
+    valgrind) packages+=(valgrind) ;;
+    aarch64) packages+=(g++-aarch64-linux-gnu qemu-user qemu-system-arm cpio) ;;
+    allocators) packages+=(libjemalloc-dev libgoogle-perftools-dev) ;;
+    *) echo "deps.sh: unknown group '$group'" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "percpu needs these Debian packages; run:" >&2
+  echo "  sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "deps.sh: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
