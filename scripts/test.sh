@@ -20,7 +20,7 @@ all_lanes=(default clang asan-ubsan tsan valgrind rseq-off seams aarch64-user aa
 describe() {
   case "$1" in
     default) echo "g++, Release with assertions, -Werror: the whole ctest suite (every mode variant)" ;;
-    clang) echo "clang++, Release with assertions, -Werror: the whole ctest suite" ;;
+    clang) echo "clang++ as C++20, Release with assertions, -Werror: the whole ctest suite" ;;
     asan-ubsan) echo "g++ with AddressSanitizer and UndefinedBehaviorSanitizer: the whole suite" ;;
     tsan) echo "g++ with ThreadSanitizer: the whole suite on percpu's fallback paths (PERCPU_BACKEND=syscall)" ;;
     valgrind) echo "valgrind memcheck on the core and structure tests (rseq is ENOSYS there: fallbacks)" ;;
@@ -78,7 +78,8 @@ lane_default() {
 }
 
 lane_clang() {
-  configure_and_build "$B" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ && run_ctest "$B"
+  configure_and_build "$B" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_CXX_STANDARD=20 && run_ctest "$B"
 }
 
 lane_asan-ubsan() {
