@@ -1,0 +1,140 @@
+// percpu::counter: the slow path (first add, aborted sections, no rseq) and
+// the readers.
+
+#include "percpu/counter.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace percpu {
+
+static_assert(sizeof(std::intptr_t) == sizeof(std::int64_t) || !internal::kHaveRseqSections,
+              "rseq sections add to a 64-bit word");
+
+namespace {
+
+// Section attempts before add() gives up on rseq for this call and takes the
+// atomic word: aborts come from preemption, migration and signals, so a few
+// tries almost always succeed, and the bound keeps add() from spinning.
+constexpr int kRseqTries = 8;
+
+std::size_t block_bytes(int count) {
+  return 64 * (static_cast<std::size_t>(count) + 1);
+}
+
+// Reads a word that rseq sections on another CPU write with plain stores.
+std::int64_t read_rseq_word(const std::intptr_t* word) {
+  return static_cast<std::int64_t>(__atomic_load_n(word, __ATOMIC_RELAXED));
+}
+
+// Formats `value` in decimal into `out` (at least 12 bytes); returns its end.
+char* format_int(char* out, int value) {
+  char digits[12];
+  int n = 0;
+  unsigned magnitude = value < 0 ? 0u - static_cast<unsigned>(value) : static_cast<unsigned>(value);
+  do {
+    digits[n++] = static_cast<char>('0' + magnitude % 10);
+    magnitude /= 10;
+  } while (magnitude != 0);
+  if (value < 0) *out++ = '-';
+  while (n > 0) *out++ = digits[--n];
+  return out;
+}
+
+}  // namespace
+
+counter::~counter() {
+  block* b = block_.load(std::memory_order_acquire);
+  if (b != nullptr) munmap(b, block_bytes(b->count));
+}
+
+// mmap rather than new: async-signal-safe, and zero-filled. Racing first
+// adds each map a block; one installs it, the others unmap theirs.
+counter::block* counter::allocate() noexcept {
+  const int count = max_cpus();
+  const int saved_errno = errno;
+  void* memory = mmap(nullptr, block_bytes(count), PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  errno = saved_errno;
+  if (memory == MAP_FAILED) return nullptr;
+  block* fresh = static_cast<block*>(memory);
+  fresh->count = count;
+  block* expected = nullptr;
+  if (block_.compare_exchange_strong(expected, fresh, std::memory_order_acq_rel,
+                                     std::memory_order_acquire)) {
+    return fresh;
+  }
+  munmap(memory, block_bytes(count));
+  return expected;
+}
+
+void counter::add_slow(std::int64_t delta) noexcept {
+  using internal::index_kind;
+  block* b = block_.load(std::memory_order_acquire);
+  if (b == nullptr) b = allocate();
+  if (b == nullptr) {
+    unmapped_.fetch_add(delta, std::memory_order_relaxed);
+    return;
+  }
+  const unsigned count = static_cast<unsigned>(b->count);
+  if (internal::rseq_area* area = internal::rseq_area_for_sections()) {
+    for (int tries = 0; tries < kRseqTries; ++tries) {
+      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+      if (static_cast<unsigned>(cpu) >= count) break;
+      if (internal::rseq_addv<index_kind::cpu_id>(area, &b->slots()[cpu].by_rseq,
+                                                  static_cast<std::intptr_t>(delta), cpu) == 0) {
+        return;
+      }
+    }
+  }
+  // No rseq, or the sections kept aborting: any slot's atomic word is
+  // correct; the current CPU's keeps the line local.
+  const unsigned cpu = static_cast<unsigned>(cpu_id());
+  b->slots()[cpu < count ? cpu : cpu % count].by_atomic.fetch_add(delta, std::memory_order_relaxed);
+}
+
+std::int64_t counter::load() const noexcept {
+  std::int64_t sum = unmapped_.load(std::memory_order_relaxed);
+  const block* b = block_.load(std::memory_order_acquire);
+  if (b == nullptr) return sum;
+  for (int i = 0; i < b->count; ++i) {
+    const slot_words& s = b->slots()[i];
+    sum += read_rseq_word(&s.by_rseq) + s.by_atomic.load(std::memory_order_relaxed);
+  }
+  return sum;
+}
+
+std::int64_t counter::slot(int cpu) const noexcept {
+  const int count = slots();
+  if (cpu < 0 || cpu >= count) {
+#ifndef NDEBUG
+    char line[96] = "percpu::counter::slot(";
+    char* end = format_int(line + std::strlen(line), cpu);
+    const char middle[] = "): index out of range [0, ";
+    std::memcpy(end, middle, sizeof(middle) - 1);
+    end = format_int(end + sizeof(middle) - 1, count);
+    *end++ = ')';
+    *end++ = '\n';
+    ssize_t ignored = write(STDERR_FILENO, line, static_cast<std::size_t>(end - line));
+    (void)ignored;
+    std::abort();
+#else
+    return 0;
+#endif
+  }
+  const block* b = block_.load(std::memory_order_acquire);
+  if (b == nullptr || cpu >= b->count) return 0;
+  const slot_words& s = b->slots()[cpu];
+  return read_rseq_word(&s.by_rseq) + s.by_atomic.load(std::memory_order_relaxed);
+}
+
+int counter::slots() const noexcept {
+  const block* b = block_.load(std::memory_order_acquire);
+  return b != nullptr ? b->count : max_cpus();
+}
+
+}  // namespace percpu

@@ -1,0 +1,118 @@
+// percpu/counter.hpp: a counter that many threads bump without sharing a
+// cache line.
+//
+// What it is for
+//   Statistics, reference-count-like tallies and rate counters that are
+//   written far more often than read. add() touches only the slot of the CPU
+//   it runs on, with no atomic instruction: a restartable sequence (rseq)
+//   adds to that slot and the kernel restarts it if the thread is preempted,
+//   migrated or interrupted by a signal before the single committing store.
+//   load() sums every slot.
+//
+// When not to use it
+//   When you need the total on every update (use std::atomic), when reads
+//   are as frequent as writes (load() walks max_cpus() cache lines), or for
+//   a value that must never be observed half-updated across slots: load()
+//   taken while other threads add is some value between the totals before
+//   and after those adds, not a snapshot.
+//
+// Without rseq
+//   Threads that have no rseq area (old kernel, seccomp, valgrind, qemu-user,
+//   a forced fallback backend) add with an atomic fetch_add to a second word
+//   of the slot of the CPU the fallback reports. The rseq word of a slot is
+//   only ever written by rseq sections on that slot's CPU and the atomic
+//   word only by atomic read-modify-writes, so the two paths never lose each
+//   other's updates. A thread whose rseq section keeps aborting uses the
+//   atomic word after a bounded number of tries: add() never spins forever.
+//
+// Memory
+//   One cache line per possible CPU (max_cpus()) plus one, mapped on the
+//   first add() with mmap (so the first add is async-signal-safe too). If
+//   that mapping fails, adds go to a single shared atomic and stay exact.
+//
+// Thread safety and signals
+//   add(), increment() and decrement(): thread-safe, async-signal-safe and
+//   exact, including from a signal handler that interrupted another add() on
+//   the same thread, and in a forked child.
+//   load(), slot() and slots(): thread-safe and async-signal-safe; exact once
+//   the adding threads are done (joined or otherwise synchronised with).
+//   Construction is constexpr, so a global counter is constant-initialised
+//   and usable from static constructors. Destroying a counter while another
+//   thread still adds to it is undefined, as for any object.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "percpu/cpu.hpp"
+#include "percpu/internal/rseq_cs.hpp"
+
+namespace percpu {
+
+class counter {
+ public:
+  constexpr counter() noexcept = default;
+  ~counter();
+  counter(const counter&) = delete;
+  counter& operator=(const counter&) = delete;
+
+  // Adds `delta` to the calling CPU's slot.
+  void add(std::int64_t delta) noexcept;
+  void increment() noexcept { add(1); }
+  void decrement() noexcept { add(-1); }
+
+  // The sum over all slots.
+  std::int64_t load() const noexcept;
+
+  // The part of the sum held by slot `cpu` (what adds made while running on
+  // that CPU). Valid indexes are [0, slots()). Out of range: debug builds
+  // (NDEBUG not defined) print the index and abort; release builds return 0.
+  std::int64_t slot(int cpu) const noexcept;
+
+  // The number of slots: max_cpus().
+  int slots() const noexcept;
+
+ private:
+  // One per CPU, each on its own cache line. `by_rseq` is written only by
+  // rseq sections running on this slot's CPU; `by_atomic` only by atomic
+  // read-modify-writes.
+  struct alignas(64) slot_words {
+    std::intptr_t by_rseq;
+    std::atomic<std::int64_t> by_atomic;
+  };
+  // The mapped block: a header line, then the slots.
+  struct alignas(64) block {
+    int count;
+    slot_words* slots() noexcept { return reinterpret_cast<slot_words*>(this + 1); }
+    const slot_words* slots() const noexcept {
+      return reinterpret_cast<const slot_words*>(this + 1);
+    }
+  };
+  static_assert(sizeof(slot_words) == 64 && sizeof(block) == 64, "one cache line each");
+
+  block* allocate() noexcept;
+  void add_slow(std::int64_t delta) noexcept;
+
+  std::atomic<block*> block_{nullptr};
+  // Adds made when no block could be mapped.
+  std::atomic<std::int64_t> unmapped_{0};
+};
+
+// The hot path: a registered rseq area, a mapped block, and one section
+// indexed by cpu_id that commits with a single add to the slot's rseq word.
+inline void counter::add(std::int64_t delta) noexcept {
+  using internal::index_kind;
+  internal::rseq_area* area = internal::rseq_area_for_sections();
+  block* b = block_.load(std::memory_order_acquire);
+  if (__builtin_expect(area != nullptr && b != nullptr, 1)) {
+    const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+    if (__builtin_expect(static_cast<unsigned>(cpu) < static_cast<unsigned>(b->count), 1) &&
+        internal::rseq_addv<index_kind::cpu_id>(area, &b->slots()[cpu].by_rseq,
+                                                static_cast<std::intptr_t>(delta), cpu) == 0) {
+      return;
+    }
+  }
+  add_slow(delta);
+}
+
+}  // namespace percpu
