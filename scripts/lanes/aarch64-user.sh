@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Lane 7, aarch64 fallback paths: the suite cross-built with
+# g++-aarch64-linux-gnu and run by ctest under qemu-aarch64 (qemu-user).
+#
+#   scripts/lanes/aarch64-user.sh            (from the repository root)
+#
+# qemu-user answers rseq with ENOSYS, so glibc's registration and percpu's own
+# both fail and every test runs on the fallback: owner none, backend syscall
+# (arm64's vDSO has no getcpu). The lane asserts exactly that in every test
+# (PERCPU_EXPECT_OWNER=none, PERCPU_EXPECT_BACKEND=syscall, which the
+# forced-backend variants override with their own), so a run on another path
+# fails.
+#
+# Not run here, by design (each is covered by the aarch64-system lane, which
+# runs them on a real arm64 kernel):
+#   *.glibc, *.own   they assert rseq is registered; under qemu-user it cannot be.
+#   *.fallback, *.seccomp_eperm
+#                    seccomp_exec cannot install its filter under qemu-user
+#                    (qemu refuses PR_SET_SECCOMP with EINVAL). The lane checks
+#                    that this is still so and runs them if it changes.
+#   gtest cases in USER_GTEST_EXCLUDE, only when the kernel has no binfmt_misc
+#                    entry for aarch64 (containers): they exec an aarch64
+#                    binary, which the host kernel cannot start without one.
+#
+# As root on a fresh Debian 12 machine it installs what it needs with apt-get.
+#
+# Settings (environment):
+#   AARCH64_USER_BUILD_DIR   build directory (default: build-aarch64-user)
+#   AARCH64_STRESS_SCALE     PERCPU_STRESS_SCALE for the build and the runs (default: 0.25)
+#   AARCH64_USER_EXCLUDE     extra ctest -E regex, joined to the lane's own
+set -euo pipefail
+
+# gtest cases that exec an aarch64 program: they need binfmt_misc for qemu-aarch64.
+USER_GTEST_EXCLUDE=(CpuExec.WorksAfterExec)
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUILD=${AARCH64_USER_BUILD_DIR:-$REPO/build-aarch64-user}
+case $BUILD in /*) ;; *) BUILD=$REPO/$BUILD ;; esac
+STRESS_SCALE=${AARCH64_STRESS_SCALE:-0.25}
+SYSROOT=/usr/aarch64-linux-gnu
+LANE=aarch64-user
+lane_start=$(date +%s)
+
+say() { echo "[$LANE] $*"; }
+die() { echo "[$LANE] FAILED: $*" >&2; exit 1; }
+
+packages=(qemu-user g++-aarch64-linux-gnu cmake ninja-build googletest binutils-aarch64-linux-gnu)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  [[ $(id -u) -eq 0 ]] || die "missing packages; run: apt-get install -y ${missing[*]}"
+  say "installing ${missing[*]}"
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+QEMU=$(command -v qemu-aarch64) || die "qemu-aarch64 not found"
+
+cmake -S "$REPO" -B "$BUILD" -G Ninja \
+  -DCMAKE_TOOLCHAIN_FILE="$REPO/cmake/toolchains/aarch64-linux-gnu.cmake" \
+  -DCMAKE_BUILD_TYPE=Release -DPERCPU_KEEP_ASSERTS=ON \
+  -DCMAKE_CROSSCOMPILING_EMULATOR="$QEMU;-L;$SYSROOT" \
+  -DPERCPU_BUILD_TOOLS=OFF -DPERCPU_BUILD_BENCHMARKS=OFF -DPERCPU_BUILD_EXAMPLES=OFF \
+  -DPERCPU_STRESS_SCALE="$STRESS_SCALE" >"$BUILD/configure.log" 2>&1 ||
+  { cat "$BUILD/configure.log"; die "configure failed"; }
+cmake --build "$BUILD" -j2 || die "build failed"
+
+# What qemu-user does with rseq and seccomp, shown rather than assumed.
+seccomp_exec=$(find "$BUILD" -name seccomp_exec -type f -perm -u+x | head -n1)
+[[ -n $seccomp_exec ]] || die "seccomp_exec was not built"
+exclude='\.(glibc|own)$'
+if probe=$("$QEMU" -L "$SYSROOT" "$seccomp_exec" ENOSYS /bin/true 2>&1); then
+  say "qemu-user installed a seccomp filter: running the seccomp variants too"
+else
+  say "qemu-user cannot install seccomp filters (${probe##*: }): the .fallback and .seccomp_eperm variants run in the aarch64-system lane"
+  exclude='\.(glibc|own|fallback|seccomp_eperm)$'
+fi
+gtest_filter=""
+if [[ -r /proc/sys/fs/binfmt_misc/qemu-aarch64 ]] && grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64; then
+  say "binfmt_misc runs aarch64 programs: exec tests included"
+else
+  gtest_filter="-$(IFS=:; echo "${USER_GTEST_EXCLUDE[*]}")"
+  say "no binfmt_misc entry for aarch64 here: GTEST_FILTER=$gtest_filter (they exec an aarch64 program; they run in the aarch64-system lane)"
+fi
+[[ -z ${AARCH64_USER_EXCLUDE:-} ]] || exclude="$exclude|${AARCH64_USER_EXCLUDE}"
+say "ctest -E '$exclude' (mode variants that assert registered rseq cannot pass under qemu-user)"
+
+LOG=$BUILD/ctest.log
+set +e
+(cd "$BUILD" && env PERCPU_EXPECT_OWNER=none PERCPU_EXPECT_BACKEND=syscall \
+   PERCPU_STRESS_SCALE="$STRESS_SCALE" ${gtest_filter:+GTEST_FILTER="$gtest_filter"} \
+   ctest -E "$exclude" -j2 --output-on-failure --timeout 600 -V) >"$LOG" 2>&1
+rc=$?
+set -e
+
+ran=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#' "$LOG" || true)
+echo
+say "---- summary ----"
+grep -E '^[0-9]+: percpu (test )?mode:|^[0-9]+: C API checked' "$LOG" | sort -u -t: -k1,1n | sed "s/^/[$LANE]   /" || true
+grep -E '^ *[0-9]+/[0-9]+ Test +#' "$LOG" | sed "s/^ */[$LANE]   /"
+grep -E '% tests passed' "$LOG" | sed "s/^/[$LANE] /"
+say "wall time: $(($(date +%s) - lane_start))s"
+if ((rc != 0)); then
+  grep -B2 -A25 -E 'Failure$|FAILED|\*\*\*' "$LOG" | head -150 >&2 || true
+  echo "[$LANE] FAILED: ctest exited $rc (full log: $LOG)" >&2
+  exit 1
+fi
+((ran > 0)) || die "ctest ran no tests"
+# Every gtest run must have printed its mode, and on the fallback.
+if grep -E '^[0-9]+: percpu test mode:' "$LOG" | grep -v 'rseq owner=none,' | grep -q .; then
+  die "a run reported a rseq owner under qemu-user"
+fi
+grep -q 'registration_error=38 ' "$LOG" || die "no run showed rseq failing with ENOSYS"
+say "OK: $ran tests on the fallback paths under qemu-user"
