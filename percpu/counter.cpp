@@ -47,9 +47,11 @@ char* format_int(char* out, int value) {
 
 }  // namespace
 
+counter::block counter::unmapped_block_ = {0};
+
 counter::~counter() {
   block* b = block_.load(std::memory_order_acquire);
-  if (b != nullptr) munmap(b, block_bytes(b->count));
+  if (b != &unmapped_block_) munmap(b, block_bytes(b->count));
 }
 
 // mmap rather than new: async-signal-safe, and zero-filled. Racing first
@@ -63,7 +65,7 @@ counter::block* counter::allocate() noexcept {
   if (memory == MAP_FAILED) return nullptr;
   block* fresh = static_cast<block*>(memory);
   fresh->count = count;
-  block* expected = nullptr;
+  block* expected = &unmapped_block_;
   if (block_.compare_exchange_strong(expected, fresh, std::memory_order_acq_rel,
                                      std::memory_order_acquire)) {
     return fresh;
@@ -75,7 +77,7 @@ counter::block* counter::allocate() noexcept {
 void counter::add_slow(std::int64_t delta) noexcept {
   using internal::index_kind;
   block* b = block_.load(std::memory_order_acquire);
-  if (b == nullptr) b = allocate();
+  if (b == &unmapped_block_) b = allocate();
   if (b == nullptr) {
     unmapped_.fetch_add(delta, std::memory_order_relaxed);
     return;
@@ -100,7 +102,6 @@ void counter::add_slow(std::int64_t delta) noexcept {
 std::int64_t counter::load() const noexcept {
   std::int64_t sum = unmapped_.load(std::memory_order_relaxed);
   const block* b = block_.load(std::memory_order_acquire);
-  if (b == nullptr) return sum;
   for (int i = 0; i < b->count; ++i) {
     const slot_words& s = b->slots()[i];
     sum += read_rseq_word(&s.by_rseq) + s.by_atomic.load(std::memory_order_relaxed);
@@ -127,14 +128,14 @@ std::int64_t counter::slot(int cpu) const noexcept {
 #endif
   }
   const block* b = block_.load(std::memory_order_acquire);
-  if (b == nullptr || cpu >= b->count) return 0;
+  if (cpu >= b->count) return 0;  // not mapped yet
   const slot_words& s = b->slots()[cpu];
   return read_rseq_word(&s.by_rseq) + s.by_atomic.load(std::memory_order_relaxed);
 }
 
 int counter::slots() const noexcept {
   const block* b = block_.load(std::memory_order_acquire);
-  return b != nullptr ? b->count : max_cpus();
+  return b != &unmapped_block_ ? b->count : max_cpus();
 }
 
 }  // namespace percpu

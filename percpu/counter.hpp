@@ -51,7 +51,7 @@ namespace percpu {
 
 class counter {
  public:
-  constexpr counter() noexcept = default;
+  constexpr counter() noexcept : block_(&unmapped_block_) {}
   ~counter();
   counter(const counter&) = delete;
   counter& operator=(const counter&) = delete;
@@ -93,24 +93,31 @@ class counter {
   block* allocate() noexcept;
   void add_slow(std::int64_t delta) noexcept;
 
-  std::atomic<block*> block_{nullptr};
+  // Until the first add() maps the slots, block_ points here: no slots, so
+  // the hot path's bounds check sends that add to add_slow(), and the hot
+  // path never tests for a null block.
+  static block unmapped_block_;
+
+  std::atomic<block*> block_;
   // Adds made when no block could be mapped.
   std::atomic<std::int64_t> unmapped_{0};
 };
 
-// The hot path: a registered rseq area, a mapped block, and one section
-// indexed by cpu_id that commits with a single add to the slot's rseq word.
+// The hot path: one section indexed by cpu_id that commits with a single add
+// to the slot's rseq word. The unsigned bounds check also rejects a negative
+// cpu_id, which is what an unregistered area holds: such a thread (no rseq,
+// or not registered yet) goes to add_slow(), as does the first add().
 inline void counter::add(std::int64_t delta) noexcept {
   using internal::index_kind;
-  internal::rseq_area* area = internal::rseq_area_for_sections();
   block* b = block_.load(std::memory_order_acquire);
-  if (__builtin_expect(area != nullptr && b != nullptr, 1)) {
-    const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-    if (__builtin_expect(static_cast<unsigned>(cpu) < static_cast<unsigned>(b->count), 1) &&
-        internal::rseq_addv<index_kind::cpu_id>(area, &b->slots()[cpu].by_rseq,
-                                                static_cast<std::intptr_t>(delta), cpu) == 0) {
-      return;
-    }
+  internal::rseq_area* area = internal::serving_rseq_area();
+  const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+  if (__builtin_expect(static_cast<unsigned>(cpu) < static_cast<unsigned>(b->count), 1) &&
+      __builtin_expect(internal::rseq_addv<index_kind::cpu_id>(area, &b->slots()[cpu].by_rseq,
+                                                               static_cast<std::intptr_t>(delta),
+                                                               cpu) == 0,
+                       1)) {
+    return;
   }
   add_slow(delta);
 }

@@ -61,10 +61,10 @@ void BM_ThreadLocal(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
-BENCHMARK(BM_SharedAtomic)->Threads(1)->Threads(2)->Threads(12)->UseRealTime();
-BENCHMARK(BM_PerCpuAtomic)->Threads(1)->Threads(2)->Threads(12)->UseRealTime();
-BENCHMARK(BM_CounterAdd)->Threads(1)->Threads(2)->Threads(12)->UseRealTime();
-BENCHMARK(BM_ThreadLocal)->Threads(1)->Threads(2)->Threads(12)->UseRealTime();
+BENCHMARK(BM_SharedAtomic)->Threads(1)->Threads(2)->Threads(12);
+BENCHMARK(BM_PerCpuAtomic)->Threads(1)->Threads(2)->Threads(12);
+BENCHMARK(BM_CounterAdd)->Threads(1)->Threads(2)->Threads(12);
+BENCHMARK(BM_ThreadLocal)->Threads(1)->Threads(2)->Threads(12);
 
 struct setup {
   setup() {
