@@ -1,0 +1,203 @@
+// libpercpu_getcpu.so: sched_getcpu() and getcpu() answered by percpu, for
+// programs that cannot be rebuilt.
+//
+//   LD_PRELOAD=/usr/local/lib/libpercpu_getcpu.so program args...
+//
+// What it is for
+//   glibc reads the CPU number from rseq only from 2.35 on, and only when its
+//   own registration succeeded. Under an older glibc (or with
+//   GLIBC_TUNABLES=glibc.pthread.rseq=0) every sched_getcpu() is a vDSO call,
+//   and on arm64, which has no vDSO getcpu, a system call. Preloaded, this
+//   library answers the program's (and its libraries', e.g. jemalloc's
+//   percpu_arena) calls from the rseq area percpu/cpu.hpp serves: glibc's
+//   where glibc registered one, percpu's own otherwise, registered lazily on
+//   a thread's first call, and percpu's fallback where rseq cannot be had.
+//
+// Contract: the same as glibc's functions.
+//   sched_getcpu() returns the current CPU, or -1 with errno set when no
+//   source at all can tell. getcpu(cpu, node) fills whichever pointers are
+//   non-null and returns 0, or returns -1 with errno set. errno is untouched
+//   on success. Both are thread-safe and async-signal-safe, work in threads
+//   that existed before the first call and in forked children, and a program
+//   that never calls them never gets an rseq registration from this library.
+//   A getcpu() that asks for the node is answered by percpu's fallback (one
+//   query that reports CPU and node together), because two loads from the
+//   rseq area could straddle a migration and pair a CPU with another CPU's
+//   node. Pointers are written directly, as glibc's vDSO path does, so an
+//   invalid pointer faults instead of returning EFAULT.
+//
+// Only these two symbols are exported (getcpu_preload.map); percpu's own
+// symbols stay local, so a program linking percpu keeps its own copy.
+//
+// Observability
+//   PERCPU_PRELOAD_TRACE=/path makes the library count its calls and, when
+//   the process exits normally (exit() or returning from main; _exit() skips
+//   it), append one line to that file:
+//     percpu_getcpu pid=P sched_getcpu=N sched_getcpu_rseq=R getcpu=M
+//       getcpu_rseq=Q glibc_rseq=0|1 fallback=NAME
+//   where the *_rseq counts are the calls answered from an rseq area and
+//   glibc_rseq tells whether that area was glibc's. Forked children inherit
+//   the counts of their parent at the fork. Calls made before this
+//   library's constructors ran are not counted. Untraced calls pay nothing
+//   for the feature: the one check they make, that percpu is ready, is
+//   needed anyway.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "percpu/cpu.hpp"
+#include "percpu/internal/fallback.hpp"
+#include "percpu/internal/registration.hpp"
+#include "percpu/percpu.h"
+
+// Declared here too, for glibc headers older than the getcpu() wrapper.
+extern "C" int getcpu(unsigned int* cpu, unsigned int* node) noexcept;
+
+namespace {
+
+struct call_counts {
+  std::atomic<unsigned long> sched_getcpu{0};
+  std::atomic<unsigned long> sched_getcpu_rseq{0};
+  std::atomic<unsigned long> getcpu{0};
+  std::atomic<unsigned long> getcpu_rseq{0};
+};
+
+// Until percpu's constructor has run, its fast-path offsets are not set and a
+// load through them reads some unrelated word of the thread's control block.
+// Allocators call sched_getcpu() that early (jemalloc's percpu_arena does,
+// from malloc's first call, which can precede every constructor of this
+// library), so the fast path is taken only once `g_mode` says percpu is
+// ready; before that the system call answers.
+enum mode : unsigned char { kNotReady, kReady, kReadyTracing };
+std::atomic<unsigned char> g_mode{kNotReady};
+char g_trace_path[1024];
+call_counts g_counts;
+
+// Negative means "not served by rseq"; only meaningful once percpu is ready.
+inline int rseq_cpu() noexcept {
+  return percpu::internal::load_tp_relative_i32(percpu::internal::g_fast_path.cpu_id);
+}
+
+inline bool fast_path_ready() noexcept {
+  return g_mode.load(std::memory_order_relaxed) == kReady;
+}
+
+// Lock-free atomics, so counting is async-signal-safe too.
+void count(std::atomic<unsigned long>& calls, std::atomic<unsigned long>& rseq_calls,
+           bool from_rseq) noexcept {
+  calls.fetch_add(1, std::memory_order_relaxed);
+  if (from_rseq) rseq_calls.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Everything but the untraced rseq hit: before percpu is ready, the system
+// call; after, percpu_sched_getcpu(), which registers this thread's area if
+// that is percpu's job and otherwise asks the fallback. Sets errno only when
+// it returns -1.
+__attribute__((noinline)) int current_cpu_slow(std::atomic<unsigned long>& calls,
+                                               std::atomic<unsigned long>& rseq_calls) noexcept {
+  const unsigned char mode = g_mode.load(std::memory_order_relaxed);
+  int id = -1;
+  bool from_rseq = false;
+  if (mode == kNotReady) {
+    unsigned cpu = 0;
+    const int error = percpu::internal::raw_syscall_getcpu(&cpu, nullptr);
+    if (error != 0) {
+      errno = error;
+    } else {
+      id = static_cast<int>(cpu);
+    }
+  } else {
+    id = rseq_cpu();
+    from_rseq = id >= 0;
+    if (!from_rseq) {
+      id = percpu_sched_getcpu();
+      from_rseq = rseq_cpu() >= 0;
+    }
+  }
+  if (mode == kReadyTracing) count(calls, rseq_calls, from_rseq);
+  return id;
+}
+
+// Priority 102: runs right after percpu's own constructor (101) in this
+// object, and before this object's ordinary constructors.
+__attribute__((constructor(102))) void become_ready() {
+  const char* path = std::getenv("PERCPU_PRELOAD_TRACE");
+  unsigned char mode = kReady;
+  if (path != nullptr && *path != '\0') {
+    if (std::strlen(path) < sizeof(g_trace_path)) {
+      std::strcpy(g_trace_path, path);
+      mode = kReadyTracing;
+    } else {
+      std::fprintf(stderr, "percpu_getcpu: PERCPU_PRELOAD_TRACE is too long a path; not tracing\n");
+    }
+  }
+  g_mode.store(mode, std::memory_order_relaxed);
+}
+
+bool glibc_registered_rseq() {
+  const auto* size = static_cast<const unsigned*>(dlsym(RTLD_DEFAULT, "__rseq_size"));
+  return size != nullptr && *size != 0;
+}
+
+__attribute__((destructor)) void write_trace() {
+  if (g_mode.load(std::memory_order_relaxed) != kReadyTracing) return;
+  const int saved_errno = errno;
+  char line[256];
+  const int n = std::snprintf(
+      line, sizeof(line),
+      "percpu_getcpu pid=%ld sched_getcpu=%lu sched_getcpu_rseq=%lu getcpu=%lu getcpu_rseq=%lu "
+      "glibc_rseq=%d fallback=%s\n",
+      static_cast<long>(getpid()), g_counts.sched_getcpu.load(), g_counts.sched_getcpu_rseq.load(),
+      g_counts.getcpu.load(), g_counts.getcpu_rseq.load(), glibc_registered_rseq() ? 1 : 0,
+      percpu::to_string(percpu::fallback_backend()));
+  // O_APPEND keeps the lines of a parent and its children whole.
+  const int fd = open(g_trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd >= 0 && n > 0) {
+    ssize_t ignored = write(fd, line, static_cast<std::size_t>(n));
+    (void)ignored;
+  }
+  if (fd >= 0) close(fd);
+  errno = saved_errno;
+}
+
+}  // namespace
+
+extern "C" int sched_getcpu() noexcept {
+  if (__builtin_expect(fast_path_ready(), 1)) {
+    const int id = rseq_cpu();
+    if (__builtin_expect(id >= 0, 1)) return id;
+  }
+  return current_cpu_slow(g_counts.sched_getcpu, g_counts.sched_getcpu_rseq);
+}
+
+extern "C" int getcpu(unsigned int* cpu, unsigned int* node) noexcept {
+  if (node == nullptr) {
+    int id = fast_path_ready() ? rseq_cpu() : -1;
+    if (__builtin_expect(id < 0, 0)) {
+      id = current_cpu_slow(g_counts.getcpu, g_counts.getcpu_rseq);
+      if (id < 0) return -1;
+    }
+    if (cpu != nullptr) *cpu = static_cast<unsigned>(id);
+    return 0;
+  }
+  unsigned found_cpu = 0, found_node = 0;
+  const unsigned char mode = g_mode.load(std::memory_order_relaxed);
+  const int error = mode == kNotReady
+                        ? percpu::internal::raw_syscall_getcpu(&found_cpu, &found_node)
+                        : percpu::internal::query_fallback(&found_cpu, &found_node);
+  if (mode == kReadyTracing) count(g_counts.getcpu, g_counts.getcpu_rseq, false);
+  if (error != 0) {
+    errno = error;
+    return -1;
+  }
+  if (cpu != nullptr) *cpu = found_cpu;
+  *node = found_node;
+  return 0;
+}
