@@ -1,0 +1,203 @@
+// Slow paths of percpu::free_list: threads without rseq, the overflow stack,
+// steals, take_all and fork. The protocol is argued in
+// percpu/internal/slot_lock.hpp.
+
+#include "percpu/free_list.hpp"
+
+#include <new>
+
+#include "percpu/cpu.hpp"
+
+namespace percpu {
+
+namespace {
+
+internal::side_node* as_side(free_list_node* node) {
+  return reinterpret_cast<internal::side_node*>(node);
+}
+
+free_list_node* as_node(internal::side_node* node) {
+  return reinterpret_cast<free_list_node*>(node);
+}
+
+// Tries a few times, because a busy slot usually frees up within a few
+// instructions; never waits beyond that.
+constexpr int kLockTries = 3;
+
+}  // namespace
+
+free_list::free_list() : slot_count_(max_cpus()) {
+  end_.next = &end_;
+  overflow_.head = 0;
+  overflow_.consumer = 0;
+  slots_ = new slot[static_cast<std::size_t>(slot_count_)];
+  for (int i = 0; i < slot_count_; ++i) {
+    slots_[i].head = end();
+    slots_[i].locker = 0;
+  }
+  register_for_fork();
+}
+
+free_list::~free_list() {
+  unregister_for_fork();
+  delete[] slots_;
+}
+
+void free_list::before_fork() noexcept {
+  for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);
+  internal::wait_for_consumer(&overflow_);
+}
+
+void free_list::after_fork() noexcept {
+  internal::release_consumer(&overflow_);
+  for (int i = 0; i < slot_count_; ++i) internal::release_locker(&slots_[i]);
+}
+
+void free_list::to_overflow(free_list_node* first, free_list_node* last) noexcept {
+  internal::side_push(&overflow_, as_side(first), as_side(last));
+}
+
+void free_list::push_slow(free_list_node* node) noexcept {
+  if (internal::section_area() == nullptr) {
+    // A thread without rseq: lock the slot of the CPU the fallback reports.
+    const int cpu = cpu_id() % slot_count_;
+    for (int tries = 0; tries < kLockTries; ++tries) {
+      std::intptr_t head = 0;
+      const internal::lock_result r = internal::lock_slot(&slots_[cpu], cpu, &head);
+      if (r == internal::lock_result::acquired) {
+        node->next = reinterpret_cast<free_list_node*>(head);
+        internal::unlock_slot(&slots_[cpu], reinterpret_cast<std::intptr_t>(node));
+        return;
+      }
+      if (r == internal::lock_result::refused) break;
+    }
+  }
+  // The local slot is locked by another thread (maybe the one this handler
+  // interrupted), or sections kept aborting: the overflow stack never blocks.
+  node->next = nullptr;
+  to_overflow(node, node);
+}
+
+// Locks CPU `cpu`'s slot and detaches up to `batch` nodes from its top.
+// Returns the first (nullptr if the slot was empty or not lockable); the
+// detached nodes are linked first..*rest_last, ending in nullptr.
+free_list_node* free_list::pop_locked(int cpu, int batch, free_list_node** rest_last) noexcept {
+  std::intptr_t head = 0;
+  if (internal::lock_slot(&slots_[cpu], cpu, &head) != internal::lock_result::acquired) {
+    return nullptr;
+  }
+  if (head == end()) {
+    internal::unlock_slot(&slots_[cpu], head);
+    return nullptr;
+  }
+  free_list_node* first = reinterpret_cast<free_list_node*>(head);
+  free_list_node* last = first;
+  for (int taken = 1; taken < batch && reinterpret_cast<std::intptr_t>(last->next) != end();
+       ++taken) {
+    last = last->next;
+  }
+  const std::intptr_t rest = reinterpret_cast<std::intptr_t>(last->next);
+  last->next = nullptr;
+  internal::unlock_slot(&slots_[cpu], rest);
+  *rest_last = last;
+  return first;
+}
+
+// Puts first..last on the calling CPU's list (one section for the whole
+// chain), or on the overflow stack when that is not possible now.
+void free_list::push_chain_home(free_list_node* first, free_list_node* last) noexcept {
+  using internal::index_kind;
+  if (internal::rseq_area* area = internal::section_area()) {
+    for (int tries = 0; tries < kSectionTries; ++tries) {
+      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
+      std::intptr_t* head = &slots_[cpu].head;
+      const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
+      if (expect == internal::kSlotLocked) break;
+      last->next = reinterpret_cast<free_list_node*>(expect);
+      if (internal::rseq_cmpeqv_storev<index_kind::cpu_id>(
+              area, head, expect, reinterpret_cast<std::intptr_t>(first), cpu) == 0) {
+        return;
+      }
+    }
+  } else {
+    const int cpu = cpu_id() % slot_count_;
+    std::intptr_t head = 0;
+    if (internal::lock_slot(&slots_[cpu], cpu, &head) == internal::lock_result::acquired) {
+      last->next = reinterpret_cast<free_list_node*>(head);
+      internal::unlock_slot(&slots_[cpu], reinterpret_cast<std::intptr_t>(first));
+      return;
+    }
+  }
+  last->next = nullptr;
+  to_overflow(first, last);
+}
+
+free_list_node* free_list::pop_slow(bool local_only) noexcept {
+  const bool has_sections = internal::section_area() != nullptr;
+  const int home = cpu_id() % slot_count_;
+  if (!has_sections) {
+    // Threads without rseq pop their fallback CPU's list under the lock.
+    for (int tries = 0; tries < kLockTries; ++tries) {
+      free_list_node* last = nullptr;
+      if (free_list_node* node = pop_locked(home, 1, &last)) return node;
+      if (__atomic_load_n(&slots_[home].head, __ATOMIC_RELAXED) == end()) break;
+    }
+  }
+  if (local_only) return nullptr;
+  if (internal::side_node* node = internal::side_pop(&overflow_)) return as_node(node);
+
+  // Steal a batch from the next CPU that has nodes: one node for the caller,
+  // the rest to the caller's own list so the next pops are local again.
+  for (int i = has_sections ? 1 : 0; i < slot_count_; ++i) {
+    const int victim = (home + i) % slot_count_;
+    // Peek first: an empty list is not worth a lock and a fence.
+    const std::intptr_t peek = __atomic_load_n(&slots_[victim].head, __ATOMIC_RELAXED);
+    if (peek == end() || peek == internal::kSlotLocked) continue;
+    free_list_node* last = nullptr;
+    free_list_node* first = pop_locked(victim, kStealBatch, &last);
+    if (first == nullptr) continue;
+    if (first != last) push_chain_home(first->next, last);
+    first->next = nullptr;
+    return first;
+  }
+  // A last look at the overflow stack: a concurrent consumer may have been
+  // holding it a moment ago.
+  return as_node(internal::side_pop(&overflow_));
+}
+
+free_list_node* free_list::take_all() noexcept {
+  free_list_node* first = nullptr;
+  free_list_node* last = nullptr;
+  auto append = [&](free_list_node* chain) {
+    if (chain == nullptr) return;
+    if (last == nullptr) {
+      first = chain;
+    } else {
+      last->next = chain;
+    }
+    last = chain;
+    while (last->next != nullptr) last = last->next;
+  };
+  for (int cpu = 0; cpu < slot_count_; ++cpu) {
+    for (int tries = 0; tries < kLockTries; ++tries) {
+      std::intptr_t head = 0;
+      const internal::lock_result r = internal::lock_slot(&slots_[cpu], cpu, &head);
+      if (r == internal::lock_result::refused) break;
+      if (r == internal::lock_result::busy) continue;
+      internal::unlock_slot(&slots_[cpu], end());
+      if (head != end()) {
+        free_list_node* chain = reinterpret_cast<free_list_node*>(head);
+        free_list_node* tail = chain;
+        while (reinterpret_cast<std::intptr_t>(tail->next) != end()) tail = tail->next;
+        tail->next = nullptr;
+        append(chain);
+      }
+      break;
+    }
+  }
+  append(as_node(internal::side_take_all(&overflow_)));
+  return first;
+}
+
+}  // namespace percpu

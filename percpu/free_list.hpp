@@ -1,0 +1,171 @@
+// percpu/free_list.hpp: a per-CPU intrusive free list (a LIFO stack of nodes).
+//
+// What it is for
+//   Recycling things without a shared hot spot: each CPU has its own list, and
+//   push and pop on the calling thread's CPU are rseq critical sections, with
+//   no atomic instruction and no lock. The user embeds a free_list_node in
+//   each object and owns the memory; the list only links nodes.
+//   pop() falls back, when the local list is empty, to the overflow stack and
+//   then to stealing a small batch from another CPU's list.
+//
+// Why it is ABA-safe
+//   Only sections running on a list's CPU modify that list, and each reads
+//   the head and stores the new head within one section: preemption,
+//   migration or a signal in between restart it. Other threads reach a list
+//   only by locking it (percpu/internal/slot_lock.hpp: exchange with a locked
+//   marker, then a membarrier RSEQ fence on that CPU, then a re-check), which
+//   makes the owner sections bail out rather than race.
+//
+// When not to use it
+//   When order matters (it is LIFO per CPU, unordered overall), or to count
+//   things exactly at a point in time (nodes being moved by a steal are in no
+//   list for that moment). pop() may return nullptr while nodes exist if they
+//   are momentarily held by another thread's steal or by a locked slot; it
+//   never waits for them.
+//
+// Without rseq
+//   Threads without rseq (seccomp, valgrind, qemu-user, a forced fallback)
+//   lock the slot of the CPU the fallback reports, with atomics. While no
+//   thread of the process has run a section this costs no system call; once
+//   one has, each such operation also issues a membarrier fence. If sections
+//   may run and membarrier's RSEQ fence is missing, other CPUs' lists are
+//   never touched by non-owners: steals are refused and non-owner pushes go to
+//   the overflow stack. No operation ever spins on a lock another thread holds.
+//
+// Thread safety and signals
+//   push, pop and try_pop_local are thread-safe and async-signal-safe (a
+//   handler may push and pop while the interrupted thread was doing the
+//   same). take_all is thread-safe and async-signal-safe. Construction and
+//   destruction are neither; destroy only when no other thread uses the list.
+//   fork() is supported: the child keeps every node the parent had listed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "percpu/internal/rseq_cs.hpp"
+#include "percpu/internal/slot_lock.hpp"
+
+namespace percpu {
+
+// Embed one in each object that goes on a free_list. Its address is what the
+// list stores; it must stay valid while the node is on a list.
+struct free_list_node {
+  free_list_node* next;
+};
+
+class free_list final : private internal::fork_participant {
+ public:
+  free_list();  // one slot per possible CPU (max_cpus())
+  ~free_list();
+  free_list(const free_list&) = delete;
+  free_list& operator=(const free_list&) = delete;
+
+  // Adds `node` to the calling CPU's list. Never fails.
+  void push(free_list_node* node) noexcept;
+
+  // Removes and returns a node: the calling CPU's most recent one, else one
+  // from the overflow stack, else one stolen from another CPU. nullptr when
+  // none was available without waiting.
+  free_list_node* pop() noexcept;
+
+  // Like pop() but looks only at the calling CPU's list.
+  free_list_node* try_pop_local() noexcept;
+
+  // Removes every node it can reach (every slot it can lock, and the overflow
+  // stack) and returns them linked through next, ending in nullptr. Slots that
+  // are busy, or that cannot be fenced, keep their nodes.
+  free_list_node* take_all() noexcept;
+
+  // How many per-CPU lists there are.
+  int slot_count() const noexcept { return slot_count_; }
+
+ private:
+  using slot = internal::cpu_slot;
+  static constexpr int kSectionTries = 16;
+  static constexpr int kStealBatch = 16;
+
+  std::intptr_t end() const noexcept { return reinterpret_cast<std::intptr_t>(&end_); }
+  void push_slow(free_list_node* node) noexcept;
+  free_list_node* pop_slow(bool local_only) noexcept;
+  free_list_node* pop_locked(int cpu, int batch, free_list_node** rest_last) noexcept;
+  void push_chain_home(free_list_node* first, free_list_node* last) noexcept;
+  void to_overflow(free_list_node* first, free_list_node* last) noexcept;
+  void before_fork() noexcept override;
+  void after_fork() noexcept override;
+
+  slot* slots_;
+  int slot_count_;
+  // The list terminator: every list ends here, and its next points at
+  // itself, so popping an empty list stores the same head back. nullptr
+  // cannot be the terminator because the locked marker must be the one value
+  // the pop section refuses.
+  free_list_node end_;
+  internal::side_stack overflow_;
+};
+
+inline void free_list::push(free_list_node* node) noexcept {
+  using internal::index_kind;
+  internal::rseq_area* area = internal::section_area();
+  if (__builtin_expect(area != nullptr, 1)) {
+    for (int tries = 0; tries < kSectionTries; ++tries) {
+      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
+      std::intptr_t* head = &slots_[cpu].head;
+      const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
+      if (expect == internal::kSlotLocked) break;
+      node->next = reinterpret_cast<free_list_node*>(expect);
+      if (internal::rseq_cmpeqv_storev<index_kind::cpu_id>(
+              area, head, expect, reinterpret_cast<std::intptr_t>(node), cpu) == 0) {
+        return;
+      }
+    }
+  }
+  push_slow(node);
+}
+
+inline free_list_node* free_list::try_pop_local() noexcept {
+  using internal::index_kind;
+  internal::rseq_area* area = internal::section_area();
+  if (__builtin_expect(area != nullptr, 1)) {
+    for (int tries = 0; tries < kSectionTries; ++tries) {
+      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
+      std::intptr_t popped = 0;
+      const int rc = internal::rseq_cmpnev_storeoffp_load<index_kind::cpu_id>(
+          area, &slots_[cpu].head, internal::kSlotLocked, offsetof(free_list_node, next),
+          &popped, cpu);
+      if (rc == 0) {
+        if (popped != end()) return reinterpret_cast<free_list_node*>(popped);
+        return nullptr;  // empty
+      }
+      if (rc == 1) break;  // locked by another thread
+    }
+  }
+  return pop_slow(true);
+}
+
+inline free_list_node* free_list::pop() noexcept {
+  using internal::index_kind;
+  internal::rseq_area* area = internal::section_area();
+  if (__builtin_expect(area != nullptr, 1)) {
+    for (int tries = 0; tries < kSectionTries; ++tries) {
+      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
+      std::intptr_t popped = 0;
+      const int rc = internal::rseq_cmpnev_storeoffp_load<index_kind::cpu_id>(
+          area, &slots_[cpu].head, internal::kSlotLocked, offsetof(free_list_node, next),
+          &popped, cpu);
+      if (rc == 0) {
+        if (__builtin_expect(popped != end(), 1)) {
+          return reinterpret_cast<free_list_node*>(popped);
+        }
+        break;  // empty: look elsewhere
+      }
+      if (rc == 1) break;  // locked by another thread
+    }
+  }
+  return pop_slow(false);
+}
+
+}  // namespace percpu

@@ -1,0 +1,427 @@
+// Tests for percpu::free_list: LIFO on one CPU, steals, take_all, the
+// fence-free path of threads without rseq, refusal without membarrier, and
+// the node multiset (nothing lost, nothing duplicated) with 12 threads on 2
+// CPUs under oversubscription, affinity flipping, timer signals whose
+// handlers pop and push, threads forced onto the locked path next to rseq
+// threads, concurrent take_all, fork during heavy use and thread churn. The
+// mode variants (.glibc, .own, .fallback) run all of it on each path.
+
+#include "percpu/free_list.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "percpu/cpu.hpp"
+#include "percpu/internal/slot_lock.hpp"
+#include "tests/stress/stress.hpp"
+
+namespace percpu {
+namespace {
+
+namespace stress = percpu::stress;
+
+constexpr int kWorkers = 12;
+constexpr int kItems = 4096;
+
+// A node with an identity and a flag that catches a second holder at once.
+struct item {
+  free_list_node hook;
+  int id;
+  std::atomic<int> held;
+};
+
+std::atomic<long> g_duplicates{0};
+
+item* as_item(free_list_node* node) { return reinterpret_cast<item*>(node); }
+
+item* take(free_list& list, bool local_only = false) {
+  free_list_node* node = local_only ? list.try_pop_local() : list.pop();
+  if (node == nullptr) return nullptr;
+  item* it = as_item(node);
+  if (it->held.exchange(1) != 0) g_duplicates.fetch_add(1);
+  return it;
+}
+
+void put(free_list& list, item* it) {
+  it->held.store(0);
+  list.push(&it->hook);
+}
+
+bool on_rseq() { return backend() == cpu_backend::rseq; }
+
+// Drains the list and checks each of `items` came back exactly once.
+void expect_exactly(free_list& list, std::vector<item>& items) {
+  std::vector<int> seen(items.size(), 0);
+  long count = 0;
+  for (free_list_node* n = list.take_all(); n != nullptr; n = n->next) {
+    const int id = as_item(n)->id;
+    ASSERT_GE(id, 0);
+    ASSERT_LT(id, static_cast<int>(items.size()));
+    ++seen[id];
+    ++count;
+  }
+  long missing = 0, doubled = 0;
+  for (int s : seen) {
+    if (s == 0) ++missing;
+    if (s > 1) ++doubled;
+  }
+  EXPECT_EQ(count, static_cast<long>(items.size()));
+  EXPECT_EQ(missing, 0) << "nodes lost";
+  EXPECT_EQ(doubled, 0) << "nodes duplicated";
+  EXPECT_EQ(g_duplicates.load(), 0) << "a node was held by two threads at once";
+}
+
+std::vector<item> make_items(free_list& list, int n) {
+  std::vector<item> items(n);
+  for (int i = 0; i < n; ++i) {
+    items[i].id = i;
+    items[i].held.store(0);
+    list.push(&items[i].hook);
+  }
+  return items;
+}
+
+TEST(FreeListTest, EmptyPopsNothingAndSlotsAreMaxCpus) {
+  free_list list;
+  EXPECT_EQ(list.slot_count(), max_cpus());
+  EXPECT_EQ(list.pop(), nullptr);
+  EXPECT_EQ(list.try_pop_local(), nullptr);
+  EXPECT_EQ(list.take_all(), nullptr);
+}
+
+TEST(FreeListTest, LifoOnOneCpu) {
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
+  free_list list;
+  free_list_node a, b, c;
+  list.push(&a);
+  list.push(&b);
+  list.push(&c);
+  EXPECT_EQ(list.try_pop_local(), &c);
+  EXPECT_EQ(list.pop(), &b);
+  EXPECT_EQ(list.pop(), &a);
+  EXPECT_EQ(list.pop(), nullptr);
+  stress::restrict_to(saved);
+}
+
+TEST(FreeListTest, PopStealsFromAnotherCpu) {
+  const std::vector<int> cpus = stress::test_cpus(2);
+  ASSERT_EQ(cpus.size(), 2u) << "this test needs two CPUs";
+  const std::vector<int> saved = stress::allowed_cpus();
+  free_list list;
+  ASSERT_TRUE(stress::restrict_to({cpus[0]}));
+  std::vector<item> items = make_items(list, 40);
+  ASSERT_TRUE(stress::restrict_to({cpus[1]}));
+  const unsigned long fences_before = internal::fence_count();
+  EXPECT_EQ(list.try_pop_local(), nullptr) << "nothing was pushed on this CPU";
+  item* first = take(list);
+  ASSERT_NE(first, nullptr) << "pop must steal from the other CPU";
+  // The steal moved a batch here, so the next pops are local.
+  item* second = take(list, true);
+  EXPECT_NE(second, nullptr) << "a steal brings a batch to the stealer's CPU";
+  if (on_rseq()) {
+    EXPECT_GT(internal::fence_count(), fences_before) << "a steal under rseq must fence";
+  } else {
+    EXPECT_EQ(internal::fence_count(), fences_before)
+        << "with no rseq in the process, the locked path needs no membarrier";
+  }
+  put(list, first);
+  if (second != nullptr) put(list, second);
+  stress::restrict_to(saved);
+  expect_exactly(list, items);
+}
+
+TEST(FreeListTest, StealsAreRefusedWithoutMembarrierWhileSectionsRun) {
+  const std::vector<int> cpus = stress::test_cpus(2);
+  ASSERT_EQ(cpus.size(), 2u);
+  const std::vector<int> saved = stress::allowed_cpus();
+  free_list list;
+  ASSERT_TRUE(stress::restrict_to({cpus[0]}));
+  std::vector<item> items = make_items(list, 8);
+  internal::simulate_missing_membarrier(true);
+  ASSERT_TRUE(stress::restrict_to({cpus[1]}));
+  item* got = take(list);
+  if (on_rseq()) {
+    EXPECT_EQ(got, nullptr) << "a steal that cannot be fenced must be refused";
+    EXPECT_FALSE(internal::remote_access_possible());
+  } else {
+    EXPECT_NE(got, nullptr) << "with no rseq in the process, no fence is needed";
+    EXPECT_TRUE(internal::remote_access_possible());
+  }
+  if (got != nullptr) put(list, got);
+  internal::simulate_missing_membarrier(false);
+  stress::restrict_to(saved);
+  expect_exactly(list, items);
+}
+
+TEST(FreeListTest, TakeAllGetsEveryCpuAndTheOverflow) {
+  const std::vector<int> cpus = stress::test_cpus(2);
+  const std::vector<int> saved = stress::allowed_cpus();
+  free_list list;
+  std::vector<item> items(30);
+  for (int i = 0; i < 30; ++i) {
+    items[i].id = i;
+    ASSERT_TRUE(stress::restrict_to({cpus[i % cpus.size()]}));
+    list.push(&items[i].hook);
+  }
+  stress::restrict_to(saved);
+  expect_exactly(list, items);
+  EXPECT_EQ(list.pop(), nullptr);
+}
+
+// ---- stress ------------------------------------------------------------------
+
+constexpr int kSignal = SIGUSR2;
+free_list* g_signal_list = nullptr;
+std::atomic<long> g_handler_runs{0};
+
+void on_signal(int) {
+  if (free_list* list = g_signal_list) {
+    const long n = g_handler_runs.fetch_add(1, std::memory_order_relaxed);
+    item* a = take(*list, n % 4 == 0);
+    item* b = take(*list);
+    if (b != nullptr) put(*list, b);
+    if (a != nullptr) put(*list, a);
+  }
+}
+
+struct run_options {
+  bool flip_affinity = false;
+  bool signals = false;
+  bool mixed = false;     // a third of the workers take the locked path
+  bool take_all = false;  // a thread drains and refills the list all along
+  std::chrono::milliseconds length{500};
+};
+
+void hammer(const run_options& options) {
+  g_duplicates.store(0);
+  free_list list;
+  std::vector<item> items = make_items(list, kItems);
+  const std::vector<int> cpus = stress::test_cpus(2);
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to(cpus));
+  if (options.signals) {
+    g_handler_runs.store(0);
+    g_signal_list = &list;
+    stress::install_handler(kSignal, on_signal);
+  }
+  const unsigned long fences_before = internal::fence_count();
+  std::atomic<long> cycles{0};
+  std::atomic<long> drains{0};
+  {
+    stress::worker_group workers(kWorkers, [&](int w, const stress::stop_flag& stop) {
+      if (options.mixed && w % 3 == 0) internal::force_locked_path_for_this_thread(true);
+      std::unique_ptr<stress::thread_signal_timer> timer;
+      if (options.signals) timer.reset(new stress::thread_signal_timer(kSignal, 10000));
+      item* held[8];
+      long mine = 0;
+      while (!stop) {
+        const int want = 1 + (w + static_cast<int>(mine)) % 8;
+        int n = 0;
+        while (n < want) {
+          item* it = take(list);
+          if (it == nullptr) break;
+          held[n++] = it;
+        }
+        for (int i = 0; i < n; ++i) put(list, held[(mine & 1) != 0 ? i : n - 1 - i]);
+        ++mine;
+      }
+      internal::force_locked_path_for_this_thread(false);
+      cycles.fetch_add(mine);
+    });
+    std::unique_ptr<stress::affinity_flipper> flipper;
+    if (options.flip_affinity) {
+      flipper.reset(new stress::affinity_flipper(workers, cpus, std::chrono::microseconds(300)));
+    }
+    std::atomic<bool> stop_drain{false};
+    std::thread drainer;
+    if (options.take_all) {
+      drainer = std::thread([&] {
+        while (!stop_drain.load()) {
+          std::vector<item*> got;
+          for (free_list_node* n = list.take_all(); n != nullptr;) {
+            free_list_node* next = n->next;
+            item* it = as_item(n);
+            if (it->held.exchange(1) != 0) g_duplicates.fetch_add(1);
+            got.push_back(it);
+            n = next;
+          }
+          for (item* it : got) put(list, it);
+          drains.fetch_add(1);
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+      });
+    }
+    stress::sleep_scaled(options.length);
+    if (flipper) {
+      flipper->stop();
+      std::printf("affinity flips: %ld\n", flipper->flips());
+      EXPECT_GT(flipper->flips(), 0);
+    }
+    if (drainer.joinable()) {
+      stop_drain.store(true);
+      drainer.join();
+      std::printf("take_all rounds: %ld\n", drains.load());
+      EXPECT_GT(drains.load(), 0);
+    }
+    workers.stop_and_join();
+  }
+  if (options.signals) {
+    g_signal_list = nullptr;
+    std::printf("signal handlers ran %ld times\n", g_handler_runs.load());
+    EXPECT_GT(g_handler_runs.load(), 0) << "no timer signal reached a worker";
+  }
+  std::printf("worker cycles: %ld, membarrier fences: %lu\n", cycles.load(),
+              internal::fence_count() - fences_before);
+  EXPECT_GT(cycles.load(), 0);
+  if (options.mixed && on_rseq()) {
+    EXPECT_GT(internal::fence_count(), fences_before)
+        << "locked-path threads next to rseq threads must fence";
+  }
+  if (!on_rseq()) {
+    EXPECT_EQ(internal::fence_count(), fences_before)
+        << "with no rseq in the process, nothing needs a fence";
+  }
+  stress::restrict_to(saved);
+  expect_exactly(list, items);
+  if (options.signals) stress::restore_default(kSignal);
+}
+
+TEST(FreeListStressTest, Oversubscribed) { hammer({}); }
+
+TEST(FreeListStressTest, AffinityFlipping) {
+  run_options options;
+  options.flip_affinity = true;
+  hammer(options);
+}
+
+TEST(FreeListStressTest, TimerSignalsPopAndPushToo) {
+  run_options options;
+  options.signals = true;
+  hammer(options);
+}
+
+TEST(FreeListStressTest, LockedPathThreadsNextToRseqThreads) {
+  run_options options;
+  options.mixed = true;
+  options.flip_affinity = true;
+  hammer(options);
+}
+
+TEST(FreeListStressTest, TakeAllWhileInUse) {
+  run_options options;
+  options.take_all = true;
+  options.flip_affinity = true;
+  hammer(options);
+}
+
+TEST(FreeListStressTest, EverythingAtOnce) {
+  run_options options;
+  options.take_all = true;
+  options.flip_affinity = true;
+  options.signals = true;
+  options.mixed = true;
+  hammer(options);
+}
+
+TEST(FreeListStressTest, ThreadChurn) {
+  g_duplicates.store(0);
+  free_list list;
+  std::vector<item> items = make_items(list, 512);
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to(stress::test_cpus(2)));
+  stress::churn(stress::scaled(600L), kWorkers, [&](long n) {
+    item* held[4];
+    for (int round = 0; round < 200; ++round) {
+      int got = 0;
+      for (int i = 0; i < 1 + static_cast<int>(n % 4); ++i) {
+        if (item* it = take(list)) held[got++] = it;
+      }
+      for (int i = 0; i < got; ++i) put(list, held[i]);
+    }
+  });
+  stress::restrict_to(saved);
+  expect_exactly(list, items);
+}
+
+// The parent's workers keep popping and pushing while the main thread forks.
+// Each child checks that its copy holds no node twice and no node flagged as
+// held, then runs its own threads on it and must get back exactly its nodes.
+TEST(FreeListStressTest, ForkDuringHeavyUse) {
+  g_duplicates.store(0);
+  free_list list;
+  std::vector<item> items = make_items(list, kItems);
+  const std::vector<int> cpus = stress::test_cpus(2);
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to(cpus));
+  int children = 0;
+  {
+    stress::worker_group workers(kWorkers, [&](int, const stress::stop_flag& stop) {
+      while (!stop) {
+        item* a = take(list);
+        item* b = take(list);
+        if (b != nullptr) put(list, b);
+        if (a != nullptr) put(list, a);
+      }
+    });
+    const auto until =
+        std::chrono::steady_clock::now() + stress::scaled(std::chrono::milliseconds(500));
+    while (std::chrono::steady_clock::now() < until) {
+      const int status = stress::run_in_child(
+          [&list, &items] {
+            std::vector<char> seen(items.size(), 0);
+            std::vector<item*> mine;
+            for (free_list_node* n = list.take_all(); n != nullptr; n = n->next) {
+              item* it = as_item(n);
+              if (seen[it->id]++ != 0 || it->held.load() != 0) {
+                std::fprintf(stderr, "child: node %d listed twice or while held\n", it->id);
+                return 1;
+              }
+              mine.push_back(it);
+            }
+            // Each parent worker holds at most two nodes, or a steal batch in transit.
+            if (mine.size() + kWorkers * 18 < items.size()) {
+              std::fprintf(stderr, "child: only %zu of %zu nodes listed\n", mine.size(),
+                           items.size());
+              return 1;
+            }
+            for (item* it : mine) put(list, it);
+            std::vector<std::thread> threads;
+            for (int t = 0; t < 4; ++t) {
+              threads.emplace_back([&list] {
+                for (int i = 0; i < 20000; ++i) {
+                  item* a = take(list);
+                  if (a != nullptr) put(list, a);
+                }
+              });
+            }
+            for (std::thread& t : threads) t.join();
+            std::size_t back = 0;
+            for (free_list_node* n = list.take_all(); n != nullptr; n = n->next) ++back;
+            if (back != mine.size() || g_duplicates.load() != 0) {
+              std::fprintf(stderr, "child: %zu nodes back of %zu\n", back, mine.size());
+              return 1;
+            }
+            return 0;
+          },
+          std::chrono::seconds(60));
+      ++children;
+      EXPECT_EQ(status, 0) << "child " << children;
+    }
+    workers.stop_and_join();
+  }
+  stress::restrict_to(saved);
+  std::printf("forked %d children\n", children);
+  EXPECT_GT(children, 0);
+  expect_exactly(list, items);
+}
+
+}  // namespace
+}  // namespace percpu

@@ -1,0 +1,250 @@
+// The remote-access protocol of percpu/internal/slot_lock.hpp: membarrier
+// fences, the section-user flag, the side stack and the fork registry.
+
+#include "percpu/internal/slot_lock.hpp"
+
+#include <linux/membarrier.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+
+namespace percpu {
+namespace internal {
+
+__thread int t_section_state __attribute__((tls_model("initial-exec"))) = 0;
+
+namespace {
+
+// Set once any thread may run owner sections; never cleared (see the header).
+int g_section_users = 0;
+
+enum fence_state : int { kFenceUnknown = 0, kFenceReady = 1, kFenceMissing = 2 };
+std::atomic<int> g_fence_state{kFenceUnknown};
+std::atomic<bool> g_simulate_missing{false};
+std::atomic<unsigned long> g_fences{0};
+
+// Rounds of exchange-fence-recheck before lock_slot reports busy. Each round
+// that fails means an owner committed in the window, which is rare; a few
+// rounds make giving up rarer still, and giving up is always safe.
+constexpr int kFenceRounds = 4;
+
+long sys_membarrier(int cmd, unsigned flags, int cpu) noexcept {
+  return syscall(__NR_membarrier, cmd, flags, cpu);
+}
+
+// Registers the process for the RSEQ fence. Idempotent, so a forked child or
+// two racing threads may do it again.
+int register_fence() noexcept {
+  const int saved_errno = errno;
+  const long mask = sys_membarrier(MEMBARRIER_CMD_QUERY, 0, 0);
+  int state = kFenceMissing;
+  if (mask > 0 && (mask & MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) != 0 &&
+      sys_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) == 0) {
+    state = kFenceReady;
+  }
+  errno = saved_errno;
+  g_fence_state.store(state, std::memory_order_release);
+  return state;
+}
+
+bool fence_available() noexcept {
+  if (g_simulate_missing.load(std::memory_order_relaxed)) return false;
+  int state = g_fence_state.load(std::memory_order_acquire);
+  if (state == kFenceUnknown) state = register_fence();
+  return state == kFenceReady;
+}
+
+// Aborts every owner section running on `cpu`; see step 4 in the header.
+bool fence_cpu(int cpu) noexcept {
+  const int saved_errno = errno;
+  long rc = sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU, cpu);
+  if (rc != 0 && errno == EPERM && register_fence() == kFenceReady) {
+    // A registration that did not survive (e.g. into a forked child).
+    rc = sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU, cpu);
+  }
+  errno = saved_errno;
+  g_fences.fetch_add(1, std::memory_order_relaxed);
+  return rc == 0;
+}
+
+bool section_users_possible() noexcept {
+  return __atomic_load_n(&g_section_users, __ATOMIC_SEQ_CST) != 0;
+}
+
+bool try_take(int* flag) noexcept {
+  if (__atomic_load_n(flag, __ATOMIC_RELAXED) != 0) return false;
+  return __atomic_exchange_n(flag, 1, __ATOMIC_ACQUIRE) == 0;
+}
+
+void wait_for(int* flag) noexcept {
+  for (int spins = 0; !try_take(flag); ++spins) {
+    if (spins > 64) sched_yield();
+  }
+}
+
+}  // namespace
+
+int mark_section_user() noexcept {
+  if (t_section_state == 2) return 2;
+  __atomic_store_n(&g_section_users, 1, __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  t_section_state = 1;
+  return 1;
+}
+
+void force_locked_path_for_this_thread(bool on) noexcept {
+  t_section_state = on ? 2 : 0;
+}
+
+unsigned long fence_count() noexcept { return g_fences.load(std::memory_order_relaxed); }
+
+void simulate_missing_membarrier(bool on) noexcept {
+  g_simulate_missing.store(on, std::memory_order_relaxed);
+}
+
+bool remote_access_possible() noexcept {
+  return !section_users_possible() || fence_available();
+}
+
+lock_result lock_slot(cpu_slot* slot, int cpu, std::intptr_t* value) noexcept {
+  if (!try_take(&slot->locker)) return lock_result::busy;
+  // Decide before touching the head whether a fence will be possible, so a
+  // refusal never leaves kSlotLocked behind.
+  if (section_users_possible() && !fence_available()) {
+    release_locker(slot);
+    return lock_result::refused;
+  }
+  for (int round = 0; round < kFenceRounds; ++round) {
+    const std::intptr_t taken = __atomic_exchange_n(&slot->head, kSlotLocked, __ATOMIC_SEQ_CST);
+    if (!section_users_possible()) {
+      *value = taken;
+      return lock_result::acquired;
+    }
+    if (!fence_cpu(cpu)) {
+      // Cannot prove the sections are over. Put the value back only if no
+      // owner replaced it; an owner's value was computed from `taken`, so
+      // either way the list is as the owners left it.
+      std::intptr_t expected = kSlotLocked;
+      __atomic_compare_exchange_n(&slot->head, &expected, taken, false, __ATOMIC_RELEASE,
+                                  __ATOMIC_RELAXED);
+      release_locker(slot);
+      return lock_result::refused;
+    }
+    if (__atomic_load_n(&slot->head, __ATOMIC_SEQ_CST) == kSlotLocked) {
+      *value = taken;
+      return lock_result::acquired;
+    }
+    // An owner committed between the exchange and the fence: its value is
+    // the list now. Take again.
+  }
+  release_locker(slot);
+  return lock_result::busy;
+}
+
+void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept {
+  __atomic_store_n(&slot->head, value, __ATOMIC_RELEASE);
+  release_locker(slot);
+}
+
+void wait_for_locker(cpu_slot* slot) noexcept { wait_for(&slot->locker); }
+
+void release_locker(cpu_slot* slot) noexcept {
+  __atomic_store_n(&slot->locker, 0, __ATOMIC_RELEASE);
+}
+
+void wait_for_consumer(side_stack* stack) noexcept { wait_for(&stack->consumer); }
+
+void release_consumer(side_stack* stack) noexcept {
+  __atomic_store_n(&stack->consumer, 0, __ATOMIC_RELEASE);
+}
+
+void side_push(side_stack* stack, side_node* first, side_node* last) noexcept {
+  std::intptr_t head = __atomic_load_n(&stack->head, __ATOMIC_RELAXED);
+  do {
+    last->next = reinterpret_cast<side_node*>(head);
+  } while (!__atomic_compare_exchange_n(&stack->head, &head, reinterpret_cast<std::intptr_t>(first),
+                                        true, __ATOMIC_RELEASE, __ATOMIC_RELAXED));
+}
+
+side_node* side_pop(side_stack* stack) noexcept {
+  if (__atomic_load_n(&stack->head, __ATOMIC_RELAXED) == 0) return nullptr;
+  if (!try_take(&stack->consumer)) return nullptr;
+  std::intptr_t head = __atomic_load_n(&stack->head, __ATOMIC_ACQUIRE);
+  side_node* node = nullptr;
+  while (head != 0) {
+    node = reinterpret_cast<side_node*>(head);
+    // Safe to read: only the consumer removes nodes, so `node` stays in the
+    // stack (possibly below newer pushes) until this CAS.
+    const std::intptr_t next = reinterpret_cast<std::intptr_t>(node->next);
+    if (__atomic_compare_exchange_n(&stack->head, &head, next, true, __ATOMIC_ACQUIRE,
+                                    __ATOMIC_ACQUIRE)) {
+      break;
+    }
+    node = nullptr;
+  }
+  release_consumer(stack);
+  return node;
+}
+
+side_node* side_take_all(side_stack* stack) noexcept {
+  if (__atomic_load_n(&stack->head, __ATOMIC_RELAXED) == 0) return nullptr;
+  if (!try_take(&stack->consumer)) return nullptr;
+  const std::intptr_t head = __atomic_exchange_n(&stack->head, 0, __ATOMIC_ACQUIRE);
+  release_consumer(stack);
+  return reinterpret_cast<side_node*>(head);
+}
+
+// The fork registry: a list of participants behind a mutex, and one set of
+// pthread_atfork handlers that walk it.
+struct fork_registry {
+  static pthread_mutex_t mutex;
+  static fork_participant* first;
+
+  static void prepare() noexcept {
+    pthread_mutex_lock(&mutex);
+    for (fork_participant* p = first; p != nullptr; p = p->next_) p->before_fork();
+  }
+  static void release() noexcept {
+    for (fork_participant* p = first; p != nullptr; p = p->next_) p->after_fork();
+    pthread_mutex_unlock(&mutex);
+  }
+  static void install() noexcept {
+    static const bool installed = [] {
+      pthread_atfork(&fork_registry::prepare, &fork_registry::release, &fork_registry::release);
+      return true;
+    }();
+    (void)installed;
+  }
+};
+
+pthread_mutex_t fork_registry::mutex = PTHREAD_MUTEX_INITIALIZER;
+fork_participant* fork_registry::first = nullptr;
+
+void fork_participant::register_for_fork() noexcept {
+  fork_registry::install();
+  pthread_mutex_lock(&fork_registry::mutex);
+  next_ = fork_registry::first;
+  prev_ = nullptr;
+  if (next_ != nullptr) next_->prev_ = this;
+  fork_registry::first = this;
+  pthread_mutex_unlock(&fork_registry::mutex);
+}
+
+void fork_participant::unregister_for_fork() noexcept {
+  pthread_mutex_lock(&fork_registry::mutex);
+  if (prev_ != nullptr) {
+    prev_->next_ = next_;
+  } else {
+    fork_registry::first = next_;
+  }
+  if (next_ != nullptr) next_->prev_ = prev_;
+  prev_ = next_ = nullptr;
+  pthread_mutex_unlock(&fork_registry::mutex);
+}
+
+}  // namespace internal
+}  // namespace percpu

@@ -1,0 +1,533 @@
+// Slow paths of percpu::object_pool: refill and spill in batches, the depot,
+// chunks, trim, fork, and the misuse checks. The cache protocol is argued in
+// percpu/internal/slot_lock.hpp and percpu/internal/rseq_list.hpp.
+
+#include "percpu/object_pool.hpp"
+
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "percpu/cpu.hpp"
+#include "percpu/internal/thread_pointer.hpp"
+
+namespace percpu {
+
+namespace {
+
+// Chunks are mapped at their own alignment, so the chunk of any pointer is
+// found by masking, without reading memory the pointer might not own.
+constexpr std::size_t kChunkBytes = std::size_t{1} << 18;
+constexpr std::size_t kMaxObjectSize = kChunkBytes / 16;
+constexpr std::size_t kMaxAlignment = 4096;
+constexpr std::size_t kDefaultCacheBytes = 16384;
+constexpr std::size_t kMinDefaultCapacity = 8;
+constexpr std::size_t kMaxDefaultCapacity = 128;
+constexpr int kLockTries = 3;
+constexpr int kTrimTries = 64;
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+// One line on stderr with a single write(2), then abort: usable anywhere,
+// including a signal handler.
+[[noreturn]] void die(const char* what, const void* p) noexcept {
+  char line[200];
+  std::size_t n = 0;
+  for (const char* s = "percpu::object_pool: "; *s != '\0'; ++s) line[n++] = *s;
+  for (const char* s = what; *s != '\0' && n < 150; ++s) line[n++] = *s;
+  const char* hex = "0123456789abcdef";
+  line[n++] = ' ';
+  line[n++] = '0';
+  line[n++] = 'x';
+  const auto value = reinterpret_cast<std::uintptr_t>(p);
+  for (int shift = 60; shift >= 0; shift -= 4) line[n++] = hex[(value >> shift) & 0xf];
+  line[n++] = '\n';
+  ssize_t ignored = write(STDERR_FILENO, line, n);
+  (void)ignored;
+  std::abort();
+}
+
+std::uintptr_t self_id() noexcept {
+  return reinterpret_cast<std::uintptr_t>(internal::thread_pointer());
+}
+
+}  // namespace
+
+// The header at the start of every chunk, then the allocation bitmap (used
+// only with checks on), then the objects.
+struct object_pool::chunk {
+  chunk* next;
+  char* first;
+  std::size_t objects;
+  std::uint64_t* bits;
+};
+
+object_pool::object_pool(std::size_t object_size, std::size_t alignment)
+    : object_pool([&] {
+        options o;
+        o.object_size = object_size;
+        o.alignment = alignment;
+        return o;
+      }()) {}
+
+object_pool::object_pool(const options& opts) {
+  if (opts.object_size == 0 || opts.object_size > kMaxObjectSize) {
+    throw std::invalid_argument("percpu::object_pool: object size " +
+                                std::to_string(opts.object_size) + " is not in [1, " +
+                                std::to_string(kMaxObjectSize) + "]");
+  }
+  if (opts.alignment == 0 || (opts.alignment & (opts.alignment - 1)) != 0 ||
+      opts.alignment > kMaxAlignment) {
+    throw std::invalid_argument("percpu::object_pool: alignment " +
+                                std::to_string(opts.alignment) +
+                                " is not a power of two no larger than " +
+                                std::to_string(kMaxAlignment));
+  }
+  alignment_ = opts.alignment < alignof(node) ? alignof(node) : opts.alignment;
+  object_size_ = opts.object_size;
+  stride_ = round_up(object_size_ < sizeof(node) ? sizeof(node) : object_size_, alignment_);
+  std::size_t capacity = opts.cache_capacity;
+  if (capacity == 0) {
+    capacity = kDefaultCacheBytes / stride_;
+    if (capacity < kMinDefaultCapacity) capacity = kMinDefaultCapacity;
+    if (capacity > kMaxDefaultCapacity) capacity = kMaxDefaultCapacity;
+  }
+  std::size_t batch = opts.batch == 0 ? (capacity + 1) / 2 : opts.batch;
+  if (batch > capacity) batch = capacity;
+  capacity_ = static_cast<std::intptr_t>(capacity);
+  batch_ = static_cast<std::intptr_t>(batch);
+  checks_ = opts.checks;
+
+  end_.next = &end_;
+  end_.depth = 0;
+  depot_owner_ = 0;
+  depot_free_ = nullptr;
+  depot_count_ = 0;
+  chunks_ = nullptr;
+  carve_next_ = carve_end_ = nullptr;
+  carved_ = 0;
+  overflow_.head = 0;
+  overflow_.consumer = 0;
+  slot_count_ = max_cpus();
+  slots_ = new slot[static_cast<std::size_t>(slot_count_)];
+  for (int i = 0; i < slot_count_; ++i) {
+    slots_[i].head = end();
+    slots_[i].locker = 0;
+  }
+  register_for_fork();
+}
+
+object_pool::~object_pool() {
+  unregister_for_fork();
+  for (chunk* c = chunks_; c != nullptr;) {
+    chunk* next = c->next;
+    munmap(c, kChunkBytes);
+    c = next;
+  }
+  delete[] slots_;
+}
+
+void object_pool::before_fork() noexcept {
+  while (!depot_lock()) sched_yield();
+  for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);
+  internal::wait_for_consumer(&overflow_);
+}
+
+void object_pool::after_fork() noexcept {
+  internal::release_consumer(&overflow_);
+  for (int i = 0; i < slot_count_; ++i) internal::release_locker(&slots_[i]);
+  depot_unlock();
+}
+
+// ---- depot ---------------------------------------------------------------
+
+// A spin-then-yield lock that knows its owner, so a signal handler that
+// interrupted depot work on the same thread is told "no" instead of
+// deadlocking. Holders never block while holding it except in mmap.
+bool object_pool::depot_lock() noexcept {
+  const std::uintptr_t self = self_id();
+  if (__atomic_load_n(&depot_owner_, __ATOMIC_RELAXED) == self) return false;
+  for (int spins = 0;; ++spins) {
+    std::uintptr_t expected = 0;
+    if (__atomic_compare_exchange_n(&depot_owner_, &expected, self, false, __ATOMIC_ACQUIRE,
+                                    __ATOMIC_RELAXED)) {
+      return true;
+    }
+    if (spins > 32) sched_yield();
+  }
+}
+
+void object_pool::depot_unlock() noexcept {
+  __atomic_store_n(&depot_owner_, 0, __ATOMIC_RELEASE);
+}
+
+bool object_pool::carve_chunk_locked() noexcept {
+  // Map twice the size and keep the aligned middle, so the chunk of any
+  // object is its address rounded down.
+  void* raw = mmap(nullptr, 2 * kChunkBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+  if (raw == MAP_FAILED) return false;
+  const auto start = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t aligned = round_up(start, kChunkBytes);
+  if (aligned > start) munmap(raw, aligned - start);
+  const std::uintptr_t tail = aligned + kChunkBytes;
+  if (start + 2 * kChunkBytes > tail) {
+    munmap(reinterpret_cast<void*>(tail), start + 2 * kChunkBytes - tail);
+  }
+  auto* c = reinterpret_cast<chunk*>(aligned);
+  const std::size_t max_objects = kChunkBytes / stride_;
+  const std::size_t bitmap_words = (max_objects + 63) / 64;
+  c->bits = reinterpret_cast<std::uint64_t*>(c + 1);
+  const std::size_t header = round_up(sizeof(chunk) + bitmap_words * sizeof(std::uint64_t),
+                                      alignment_);
+  c->first = reinterpret_cast<char*>(aligned) + header;
+  c->objects = (kChunkBytes - header) / stride_;
+  c->next = chunks_;
+  __atomic_store_n(&chunks_, c, __ATOMIC_RELEASE);
+  carve_next_ = c->first;
+  carve_end_ = c->first + c->objects * stride_;
+  return true;
+}
+
+void object_pool::drain_overflow_locked() noexcept {
+  internal::side_node* chain = internal::side_take_all(&overflow_);
+  while (chain != nullptr) {
+    node* n = reinterpret_cast<node*>(chain);
+    chain = chain->next;
+    n->next = depot_free_;
+    depot_free_ = n;
+    ++depot_count_;
+  }
+}
+
+// Under the depot lock: up to `want` objects linked first..*last (ending in
+// nullptr), from the free list, then the overflow stack, then new memory.
+object_pool::node* object_pool::depot_take(std::intptr_t want, node** last,
+                                           std::intptr_t* got) noexcept {
+  node* first = nullptr;
+  node* tail = nullptr;
+  std::intptr_t n = 0;
+  auto add = [&](node* x) {
+    x->next = nullptr;
+    if (tail == nullptr) {
+      first = x;
+    } else {
+      tail->next = x;
+    }
+    tail = x;
+    ++n;
+  };
+  if (depot_count_ < want) drain_overflow_locked();
+  while (n < want && depot_free_ != nullptr) {
+    node* x = depot_free_;
+    depot_free_ = x->next;
+    --depot_count_;
+    add(x);
+  }
+  while (n < want) {
+    if (carve_next_ == carve_end_ && !carve_chunk_locked()) break;
+    node* x = reinterpret_cast<node*>(carve_next_);
+    carve_next_ += stride_;
+    ++carved_;
+    add(x);
+  }
+  *last = tail;
+  *got = n;
+  return first;
+}
+
+// Gives first..last (count objects) to the depot, or to the overflow stack
+// when the depot lock is this thread's own (a handler interrupted it).
+void object_pool::depot_give(node* first, node* last, std::intptr_t count) noexcept {
+  if (!depot_lock()) {
+    internal::side_push(&overflow_, reinterpret_cast<internal::side_node*>(first),
+                        reinterpret_cast<internal::side_node*>(last));
+    return;
+  }
+  last->next = depot_free_;
+  depot_free_ = first;
+  depot_count_ += count;
+  depot_unlock();
+}
+
+std::size_t object_pool::depot_objects() const noexcept {
+  return static_cast<std::size_t>(__atomic_load_n(&depot_count_, __ATOMIC_RELAXED));
+}
+
+std::size_t object_pool::carved_objects() const noexcept {
+  return __atomic_load_n(&carved_, __ATOMIC_RELAXED);
+}
+
+std::size_t object_pool::cached_on(int cpu) const noexcept {
+  if (cpu < 0 || cpu >= slot_count_) return 0;
+  const std::intptr_t head = __atomic_load_n(&slots_[cpu].head, __ATOMIC_RELAXED);
+  if (head == internal::kSlotLocked) return 0;
+  return static_cast<std::size_t>(depth_of(head));
+}
+
+// ---- caches ----------------------------------------------------------------
+
+// Puts first..last (count objects) on the calling CPU's cache in one step, if
+// they fit. False: nothing was put there.
+bool object_pool::push_chain_home(node* first, node* last, std::intptr_t count) noexcept {
+  using internal::index_kind;
+  auto set_depths = [&](std::intptr_t below) {
+    std::intptr_t depth = below + count;
+    for (node* x = first; x != nullptr && depth > below; x = x->next) x->depth = depth--;
+  };
+  if (internal::rseq_area* area = internal::section_area()) {
+    for (int tries = 0; tries < kSectionTries; ++tries) {
+      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) return false;
+      std::intptr_t* head = &slots_[cpu].head;
+      const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
+      if (expect == internal::kSlotLocked) return false;
+      const std::intptr_t depth = depth_of(expect);
+      if (depth + count > capacity_) return false;
+      last->next = nullptr;
+      set_depths(depth);
+      last->next = reinterpret_cast<node*>(expect);
+      if (internal::rseq_cmpeqv_cmpeqv_storev<index_kind::cpu_id>(
+              area, head, expect, &reinterpret_cast<node*>(expect)->depth, depth,
+              reinterpret_cast<std::intptr_t>(first), cpu) == 0) {
+        return true;
+      }
+    }
+    last->next = nullptr;
+    return false;
+  }
+  const int cpu = cpu_id() % slot_count_;
+  std::intptr_t head = 0;
+  if (internal::lock_slot(&slots_[cpu], cpu, &head) != internal::lock_result::acquired) {
+    return false;
+  }
+  const std::intptr_t depth = depth_of(head);
+  if (depth + count > capacity_) {
+    internal::unlock_slot(&slots_[cpu], head);
+    return false;
+  }
+  last->next = nullptr;
+  set_depths(depth);
+  last->next = reinterpret_cast<node*>(head);
+  internal::unlock_slot(&slots_[cpu], reinterpret_cast<std::intptr_t>(first));
+  return true;
+}
+
+object_pool::node* object_pool::pop_home_locked(int cpu) noexcept {
+  for (int tries = 0; tries < kLockTries; ++tries) {
+    std::intptr_t head = 0;
+    const internal::lock_result r = internal::lock_slot(&slots_[cpu], cpu, &head);
+    if (r == internal::lock_result::refused) return nullptr;
+    if (r == internal::lock_result::busy) continue;
+    if (head == end()) {
+      internal::unlock_slot(&slots_[cpu], head);
+      return nullptr;
+    }
+    node* n = reinterpret_cast<node*>(head);
+    internal::unlock_slot(&slots_[cpu], reinterpret_cast<std::intptr_t>(n->next));
+    return n;
+  }
+  return nullptr;
+}
+
+// A thread without rseq frees into its fallback CPU's cache under the lock;
+// a full cache first sheds a batch from its top (the depths below stay
+// right, since they count from the bottom). False: n was not taken.
+bool object_pool::push_home_locked(int cpu, node* n) noexcept {
+  for (int tries = 0; tries < kLockTries; ++tries) {
+    std::intptr_t head = 0;
+    const internal::lock_result r = internal::lock_slot(&slots_[cpu], cpu, &head);
+    if (r == internal::lock_result::refused) return false;
+    if (r == internal::lock_result::busy) continue;
+    node* spill_first = nullptr;
+    node* spill_last = nullptr;
+    std::intptr_t spilled = 0;
+    if (depth_of(head) >= capacity_) {
+      spill_first = reinterpret_cast<node*>(head);
+      spill_last = spill_first;
+      for (spilled = 1; spilled < batch_; ++spilled) spill_last = spill_last->next;
+      head = reinterpret_cast<std::intptr_t>(spill_last->next);
+      spill_last->next = nullptr;
+    }
+    n->next = reinterpret_cast<node*>(head);
+    n->depth = depth_of(head) + 1;
+    internal::unlock_slot(&slots_[cpu], reinterpret_cast<std::intptr_t>(n));
+    if (spill_first != nullptr) depot_give(spill_first, spill_last, spilled);
+    return true;
+  }
+  return false;
+}
+
+void* object_pool::allocate_slow() noexcept {
+  const bool has_sections = internal::section_area() != nullptr;
+  node* result = nullptr;
+  if (!has_sections) result = pop_home_locked(cpu_id() % slot_count_);
+  if (result == nullptr) result = reinterpret_cast<node*>(internal::side_pop(&overflow_));
+  if (result == nullptr) {
+    if (!depot_lock()) return nullptr;  // a handler re-entering this thread's depot work
+    node* last = nullptr;
+    std::intptr_t got = 0;
+    result = depot_take(batch_ + 1, &last, &got);
+    depot_unlock();
+    if (result == nullptr) return nullptr;  // out of memory
+    if (got > 1) {
+      node* rest = result->next;
+      result->next = nullptr;
+      if (!push_chain_home(rest, last, got - 1)) depot_give(rest, last, got - 1);
+    }
+  }
+  if (checks_) check_allocate(result);
+  return result;
+}
+
+void object_pool::deallocate_slow(node* n) noexcept {
+  using internal::index_kind;
+  if (internal::rseq_area* area = internal::section_area()) {
+    // The cache is full (or locked, or sections kept aborting): move the top
+    // batch and n to the depot, so the next frees are local again.
+    node* first = n;
+    node* last = n;
+    std::intptr_t count = 1;
+    n->next = nullptr;
+    int failures = 0;
+    while (count <= batch_ && failures < kSectionTries) {
+      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
+      std::intptr_t popped = 0;
+      const int rc = internal::rseq_cmpnev_storeoffp_load<index_kind::cpu_id>(
+          area, &slots_[cpu].head, internal::kSlotLocked, offsetof(node, next), &popped, cpu);
+      if (rc == 1) break;
+      if (rc < 0) {
+        ++failures;
+        continue;
+      }
+      if (popped == end()) break;
+      node* x = reinterpret_cast<node*>(popped);
+      x->next = first;
+      first = x;
+      ++count;
+    }
+    depot_give(first, last, count);
+    return;
+  }
+  if (push_home_locked(cpu_id() % slot_count_, n)) return;
+  n->next = nullptr;
+  depot_give(n, n, 1);
+}
+
+std::size_t object_pool::trim() noexcept {
+  std::size_t moved = 0;
+  for (int cpu = 0; cpu < slot_count_; ++cpu) {
+    for (int tries = 0; tries < kTrimTries; ++tries) {
+      std::intptr_t head = 0;
+      const internal::lock_result r = internal::lock_slot(&slots_[cpu], cpu, &head);
+      if (r == internal::lock_result::refused) break;
+      if (r == internal::lock_result::busy) {
+        sched_yield();
+        continue;
+      }
+      internal::unlock_slot(&slots_[cpu], end());
+      if (head != end()) {
+        node* first = reinterpret_cast<node*>(head);
+        node* last = first;
+        std::intptr_t count = 1;
+        while (reinterpret_cast<std::intptr_t>(last->next) != end()) {
+          last = last->next;
+          ++count;
+        }
+        last->next = nullptr;
+        depot_give(first, last, count);
+        moved += static_cast<std::size_t>(count);
+      }
+      break;
+    }
+  }
+  if (internal::side_node* chain = internal::side_take_all(&overflow_)) {
+    node* first = reinterpret_cast<node*>(chain);
+    node* last = first;
+    std::intptr_t count = 1;
+    while (last->next != nullptr) {
+      last = last->next;
+      ++count;
+    }
+    depot_give(first, last, count);
+    moved += static_cast<std::size_t>(count);
+  }
+  return moved;
+}
+
+// ---- checks ------------------------------------------------------------------
+
+bool object_pool::owns(const void* p) const noexcept {
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t base = address & ~(kChunkBytes - 1);
+  for (chunk* c = __atomic_load_n(&chunks_, __ATOMIC_ACQUIRE); c != nullptr; c = c->next) {
+    if (reinterpret_cast<std::uintptr_t>(c) != base) continue;
+    const auto first = reinterpret_cast<std::uintptr_t>(c->first);
+    return address >= first && (address - first) % stride_ == 0 &&
+           (address - first) / stride_ < c->objects;
+  }
+  return false;
+}
+
+namespace {
+
+// Finds p's chunk and object index; false when p is not an object of `chunks`.
+template <typename Chunk>
+bool locate(Chunk* chunks, std::size_t stride, const void* p, Chunk** found,
+            std::size_t* index, bool* interior) {
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t base = address & ~(kChunkBytes - 1);
+  *interior = false;
+  for (Chunk* c = chunks; c != nullptr; c = c->next) {
+    if (reinterpret_cast<std::uintptr_t>(c) != base) continue;
+    const auto first = reinterpret_cast<std::uintptr_t>(c->first);
+    if (address < first || (address - first) / stride >= c->objects) return false;
+    if ((address - first) % stride != 0) {
+      *interior = true;
+      return false;
+    }
+    *found = c;
+    *index = (address - first) / stride;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void object_pool::check_allocate(void* p) noexcept {
+  chunk* c = nullptr;
+  std::size_t index = 0;
+  bool interior = false;
+  if (!locate(__atomic_load_n(&chunks_, __ATOMIC_ACQUIRE), stride_, p, &c, &index, &interior)) {
+    die("internal error: a cache held a pointer that is not an object of this pool "
+        "(memory corrupted, or an object written after deallocate):", p);
+  }
+  const std::uint64_t bit = std::uint64_t{1} << (index % 64);
+  if ((__atomic_fetch_or(&c->bits[index / 64], bit, __ATOMIC_RELAXED) & bit) != 0) {
+    die("object handed out twice (an object was deallocated twice, or written after "
+        "deallocate):", p);
+  }
+}
+
+void object_pool::check_deallocate(void* p) noexcept {
+  chunk* c = nullptr;
+  std::size_t index = 0;
+  bool interior = false;
+  if (!locate(__atomic_load_n(&chunks_, __ATOMIC_ACQUIRE), stride_, p, &c, &index, &interior)) {
+    die(interior ? "deallocate of a pointer into the middle of an object:"
+                 : "deallocate of a pointer that this pool did not allocate:",
+        p);
+  }
+  const std::uint64_t bit = std::uint64_t{1} << (index % 64);
+  if ((__atomic_fetch_and(&c->bits[index / 64], ~bit, __ATOMIC_RELAXED) & bit) == 0) {
+    die("double free (deallocate of an object that is not allocated):", p);
+  }
+}
+
+}  // namespace percpu

@@ -1,0 +1,210 @@
+// percpu/object_pool.hpp: a pool of fixed-size objects with per-CPU caches.
+//
+// What it is for
+//   Allocating and freeing many objects of one size from many threads, fast:
+//   allocate() and deallocate() take and return objects on a small per-CPU
+//   cache with one rseq critical section each, no atomic instruction and no
+//   lock. Caches are bounded; when one runs empty or full it exchanges a batch
+//   with a shared depot (one lock per batch). trim() empties every cache into
+//   the depot from any thread.
+//
+// When not to use it
+//   For objects of varying sizes, or when memory must go back to the system
+//   before the pool is destroyed: the pool keeps every chunk it carved until
+//   its destructor, which frees them all (objects still allocated included).
+//   The memory of a freed object is reused for the pool's links, so objects
+//   must not be touched after deallocate().
+//
+// Without rseq
+//   Threads without rseq (seccomp, valgrind, qemu-user, a forced fallback)
+//   lock their fallback CPU's cache with atomics, under the protocol of
+//   percpu/internal/slot_lock.hpp (a membarrier fence per operation only if
+//   some thread of the process does run sections). When a cache cannot be
+//   locked, they go to the depot. Nothing waits for a cache another thread
+//   holds; the depot lock is held only for short batch moves.
+//
+// Errors and misuse
+//   The constructor throws std::invalid_argument for a zero or oversized
+//   object size, an alignment that is not a power of two or too large, or a
+//   zero cache capacity. allocate() returns nullptr when memory is exhausted.
+//   With checks on (options::checks; on by default unless NDEBUG), a
+//   deallocate() of a pointer this pool did not hand out (foreign, misaligned
+//   or interior), a double free, and an object handed out twice print one
+//   line on stderr naming the problem and abort. With checks off these are
+//   undefined behaviour: a foreign pointer or a double free corrupts the pool.
+//   deallocate(nullptr) does nothing.
+//
+// Thread safety and signals
+//   allocate, deallocate and trim are thread-safe. deallocate is
+//   async-signal-safe. allocate is async-signal-safe too, except that inside a
+//   handler that interrupted this same pool's depot work on the same thread it
+//   returns nullptr rather than deadlock. trim is not async-signal-safe.
+//   Construction and destruction are not thread-safe. fork() is supported: the
+//   child keeps using the pool.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "percpu/internal/rseq_cs.hpp"
+#include "percpu/internal/rseq_list.hpp"
+#include "percpu/internal/slot_lock.hpp"
+
+namespace percpu {
+
+class object_pool final : private internal::fork_participant {
+ public:
+  struct options {
+    std::size_t object_size = 0;
+    std::size_t alignment = alignof(std::max_align_t);
+    // Objects each CPU's cache may hold; 0 picks a default from the size.
+    std::size_t cache_capacity = 0;
+    // Objects moved per cache refill or spill; 0 picks half the capacity.
+    std::size_t batch = 0;
+#ifdef NDEBUG
+    bool checks = false;
+#else
+    bool checks = true;
+#endif
+  };
+
+  explicit object_pool(std::size_t object_size,
+                       std::size_t alignment = alignof(std::max_align_t));
+  explicit object_pool(const options& opts);
+  ~object_pool();
+  object_pool(const object_pool&) = delete;
+  object_pool& operator=(const object_pool&) = delete;
+
+  // An object of object_size() bytes aligned to alignment(), or nullptr.
+  void* allocate() noexcept;
+  // Returns an object obtained from allocate() of this pool.
+  void deallocate(void* p) noexcept;
+  // Moves every cached object it can reach to the depot; returns how many.
+  // Caches that are busy at that moment, or that cannot be fenced (no
+  // membarrier while rseq is in use), keep theirs.
+  std::size_t trim() noexcept;
+
+  std::size_t object_size() const noexcept { return object_size_; }
+  std::size_t alignment() const noexcept { return alignment_; }
+  std::size_t cache_capacity() const noexcept { return static_cast<std::size_t>(capacity_); }
+  std::size_t batch() const noexcept { return static_cast<std::size_t>(batch_); }
+  int slot_count() const noexcept { return slot_count_; }
+  // Objects in the depot's free list right now.
+  std::size_t depot_objects() const noexcept;
+  // Objects carved from chunks so far (allocated, cached or in the depot).
+  std::size_t carved_objects() const noexcept;
+  // The depth recorded at the top of CPU `cpu`'s cache: a racy snapshot for
+  // tests and diagnostics, never above cache_capacity().
+  std::size_t cached_on(int cpu) const noexcept;
+  // Whether `p` points at an object slot of this pool (allocated or not).
+  bool owns(const void* p) const noexcept;
+
+ private:
+  // A free object, as the caches and the depot link it. depth is the number
+  // of objects from this one to the bottom of its cache, itself included.
+  struct node {
+    node* next;
+    std::intptr_t depth;
+  };
+  struct chunk;
+  using slot = internal::cpu_slot;
+  static constexpr int kSectionTries = 16;
+
+  std::intptr_t end() const noexcept { return reinterpret_cast<std::intptr_t>(&end_); }
+  static std::intptr_t depth_of(std::intptr_t head) noexcept {
+    return __atomic_load_n(&reinterpret_cast<node*>(head)->depth, __ATOMIC_RELAXED);
+  }
+  void* allocate_slow() noexcept;
+  void deallocate_slow(node* n) noexcept;
+  bool push_chain_home(node* first, node* last, std::intptr_t count) noexcept;
+  node* pop_home_locked(int cpu) noexcept;
+  bool push_home_locked(int cpu, node* n) noexcept;
+  bool depot_lock() noexcept;
+  void depot_unlock() noexcept;
+  node* depot_take(std::intptr_t want, node** last, std::intptr_t* got) noexcept;
+  void depot_give(node* first, node* last, std::intptr_t count) noexcept;
+  void drain_overflow_locked() noexcept;
+  bool carve_chunk_locked() noexcept;
+  void check_allocate(void* p) noexcept;
+  void check_deallocate(void* p) noexcept;
+  void before_fork() noexcept override;
+  void after_fork() noexcept override;
+
+  // Read-mostly, shared by every CPU.
+  slot* slots_;
+  int slot_count_;
+  std::intptr_t capacity_;
+  std::intptr_t batch_;
+  bool checks_;
+  std::size_t object_size_;
+  std::size_t alignment_;
+  std::size_t stride_;
+  // Every cache ends here; its next is itself and its depth 0 (see
+  // free_list.hpp for why the terminator is not nullptr).
+  node end_;
+
+  // The depot, behind depot_owner_ (a thread pointer, 0 when free).
+  alignas(64) std::uintptr_t depot_owner_;
+  node* depot_free_;
+  std::intptr_t depot_count_;
+  chunk* chunks_;  // newest first; prepended with release, read lock-free
+  char* carve_next_;
+  char* carve_end_;
+  std::size_t carved_;
+  // Objects freed by a thread that could reach neither its cache nor the
+  // depot (a handler interrupting depot work on its own thread).
+  internal::side_stack overflow_;
+};
+
+inline void* object_pool::allocate() noexcept {
+  using internal::index_kind;
+  internal::rseq_area* area = internal::section_area();
+  if (__builtin_expect(area != nullptr, 1)) {
+    for (int tries = 0; tries < kSectionTries; ++tries) {
+      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
+      std::intptr_t popped = 0;
+      const int rc = internal::rseq_cmpnev_storeoffp_load<index_kind::cpu_id>(
+          area, &slots_[cpu].head, internal::kSlotLocked, offsetof(node, next), &popped, cpu);
+      if (rc == 0) {
+        if (__builtin_expect(popped == end(), 0)) break;  // empty: refill
+        void* p = reinterpret_cast<void*>(popped);
+        if (__builtin_expect(checks_, 0)) check_allocate(p);
+        return p;
+      }
+      if (rc == 1) break;  // locked by trim or a thread without rseq
+    }
+  }
+  return allocate_slow();
+}
+
+inline void object_pool::deallocate(void* p) noexcept {
+  using internal::index_kind;
+  if (p == nullptr) return;
+  if (__builtin_expect(checks_, 0)) check_deallocate(p);
+  node* n = static_cast<node*>(p);
+  internal::rseq_area* area = internal::section_area();
+  if (__builtin_expect(area != nullptr, 1)) {
+    for (int tries = 0; tries < kSectionTries; ++tries) {
+      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
+      std::intptr_t* head = &slots_[cpu].head;
+      const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
+      if (expect == internal::kSlotLocked) break;
+      // Read outside the section, so it may be stale; the section re-checks
+      // it (see percpu/internal/rseq_list.hpp).
+      const std::intptr_t depth = depth_of(expect);
+      if (depth >= capacity_) break;  // full: spill a batch
+      n->next = reinterpret_cast<node*>(expect);
+      n->depth = depth + 1;
+      if (internal::rseq_cmpeqv_cmpeqv_storev<index_kind::cpu_id>(
+              area, head, expect, &reinterpret_cast<node*>(expect)->depth, depth,
+              reinterpret_cast<std::intptr_t>(n), cpu) == 0) {
+        return;
+      }
+    }
+  }
+  deallocate_slow(n);
+}
+
+}  // namespace percpu

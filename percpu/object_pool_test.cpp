@@ -1,0 +1,408 @@
+// Tests for percpu::object_pool: argument errors, alignment and ownership,
+// bounded caches and batches, trim, the debug misuse checks, and nothing
+// lost or handed out twice with 12 threads on 2 CPUs under oversubscription,
+// affinity flipping, timer signals whose handlers allocate and free, threads
+// forced onto the locked path, concurrent trim, fork during heavy use and
+// thread churn. The mode variants (.glibc, .own, .fallback) run all of it on
+// each path.
+
+#include "percpu/object_pool.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "percpu/cpu.hpp"
+#include "percpu/internal/slot_lock.hpp"
+#include "tests/stress/stress.hpp"
+
+namespace percpu {
+namespace {
+
+namespace stress = percpu::stress;
+
+constexpr int kWorkers = 12;
+
+object_pool::options checked(std::size_t size) {
+  object_pool::options o;
+  o.object_size = size;
+  o.checks = true;
+  return o;
+}
+
+std::size_t cached_total(const object_pool& pool) {
+  std::size_t sum = 0;
+  for (int cpu = 0; cpu < pool.slot_count(); ++cpu) sum += pool.cached_on(cpu);
+  return sum;
+}
+
+// With nothing allocated: after trim every carved object is in the depot.
+void expect_all_home(object_pool& pool) {
+  pool.trim();
+  EXPECT_EQ(cached_total(pool), 0u);
+  EXPECT_EQ(pool.depot_objects(), pool.carved_objects()) << "objects lost";
+}
+
+TEST(ObjectPoolTest, BadArgumentsThrowWithAClearMessage) {
+  EXPECT_THROW(object_pool(0), std::invalid_argument);
+  EXPECT_THROW(object_pool(std::size_t{1} << 30), std::invalid_argument);
+  EXPECT_THROW(object_pool(64, 3), std::invalid_argument);
+  EXPECT_THROW(object_pool(64, 0), std::invalid_argument);
+  EXPECT_THROW(object_pool(64, std::size_t{1} << 20), std::invalid_argument);
+  try {
+    object_pool pool(64, 24);
+    ADD_FAILURE() << "alignment 24 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::strstr(e.what(), "alignment 24"), nullptr) << e.what();
+  }
+}
+
+TEST(ObjectPoolTest, ObjectsAreDistinctAlignedAndOwned) {
+  for (std::size_t size : {1, 8, 24, 100, 4096}) {
+    for (std::size_t align : {8, 64, 256}) {
+      object_pool pool(size, align);
+      std::set<std::uintptr_t> seen;
+      std::vector<void*> objects;
+      for (int i = 0; i < 500; ++i) {
+        void* p = pool.allocate();
+        ASSERT_NE(p, nullptr);
+        EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % align, 0u) << size << "/" << align;
+        EXPECT_TRUE(pool.owns(p));
+        std::memset(p, 0xab, size);
+        EXPECT_TRUE(seen.insert(reinterpret_cast<std::uintptr_t>(p)).second);
+        objects.push_back(p);
+      }
+      int local = 0;
+      EXPECT_FALSE(pool.owns(&local));
+      EXPECT_FALSE(pool.owns(static_cast<char*>(objects[0]) + 1));
+      for (void* p : objects) pool.deallocate(p);
+      pool.deallocate(nullptr);
+      expect_all_home(pool);
+    }
+  }
+}
+
+TEST(ObjectPoolTest, CachesAreBoundedAndReuseIsLocal) {
+  const std::vector<int> saved = stress::allowed_cpus();
+  const int cpu = stress::test_cpus(1)[0];
+  ASSERT_TRUE(stress::restrict_to({cpu}));
+  object_pool::options o = checked(48);
+  o.cache_capacity = 16;
+  o.batch = 8;
+  object_pool pool(o);
+  EXPECT_EQ(pool.cache_capacity(), 16u);
+  EXPECT_EQ(pool.batch(), 8u);
+  std::vector<void*> objects;
+  for (int i = 0; i < 1000; ++i) objects.push_back(pool.allocate());
+  for (void* p : objects) {
+    pool.deallocate(p);
+    ASSERT_LE(cached_total(pool), 16u) << "a cache grew past its capacity";
+  }
+  EXPECT_GT(pool.cached_on(cpu), 0u);
+  EXPECT_EQ(pool.depot_objects() + cached_total(pool), pool.carved_objects());
+  // The most recently freed object comes back first (LIFO cache).
+  void* last = objects.back();
+  void* again = pool.allocate();
+  if (backend() == cpu_backend::rseq) {
+    EXPECT_EQ(again, last);
+  }
+  pool.deallocate(again);
+  EXPECT_GE(pool.trim(), 1u);
+  EXPECT_EQ(cached_total(pool), 0u);
+  EXPECT_EQ(pool.depot_objects(), pool.carved_objects());
+  stress::restrict_to(saved);
+}
+
+TEST(ObjectPoolTest, TrimRefusesCachesItCannotFence) {
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
+  object_pool pool(32);
+  void* p = pool.allocate();
+  pool.deallocate(p);
+  internal::simulate_missing_membarrier(true);
+  const std::size_t moved = pool.trim();
+  if (backend() == cpu_backend::rseq) {
+    EXPECT_EQ(moved, 0u) << "without membarrier, caches of rseq threads must stay put";
+    EXPECT_GT(cached_total(pool), 0u);
+  } else {
+    EXPECT_GT(moved, 0u) << "with no rseq in the process, trim needs no fence";
+  }
+  internal::simulate_missing_membarrier(false);
+  expect_all_home(pool);
+  stress::restrict_to(saved);
+}
+
+TEST(ObjectPoolDeathTest, MisuseIsReportedClearly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  object_pool pool(checked(40));
+  void* p = pool.allocate();
+  int foreign = 0;
+  EXPECT_DEATH(pool.deallocate(&foreign), "deallocate of a pointer that this pool did not allocate");
+  EXPECT_DEATH(pool.deallocate(static_cast<char*>(p) + 8), "into the middle of an object");
+  EXPECT_DEATH(
+      {
+        pool.deallocate(p);
+        pool.deallocate(p);
+      },
+      "double free");
+  pool.deallocate(p);
+}
+
+// ---- stress ------------------------------------------------------------------
+
+constexpr int kSignal = SIGUSR2;
+constexpr std::size_t kObjectSize = 40;
+object_pool* g_signal_pool = nullptr;
+std::atomic<long> g_handler_runs{0};
+std::atomic<long> g_corrupt{0};
+
+// Each holder stamps the whole object with its own value and checks it
+// before freeing: a second holder of the same object would overwrite it.
+void stamp(void* p, std::uint64_t value) {
+  auto* words = static_cast<std::uint64_t*>(p);
+  for (std::size_t i = 0; i < kObjectSize / 8; ++i) words[i] = value;
+}
+
+void check_and_free(object_pool& pool, void* p, std::uint64_t value) {
+  const auto* words = static_cast<const std::uint64_t*>(p);
+  for (std::size_t i = 0; i < kObjectSize / 8; ++i) {
+    if (words[i] != value) g_corrupt.fetch_add(1, std::memory_order_relaxed);
+  }
+  pool.deallocate(p);
+}
+
+void on_signal(int) {
+  if (object_pool* pool = g_signal_pool) {
+    const long n = g_handler_runs.fetch_add(1, std::memory_order_relaxed);
+    const std::uint64_t value = 0xfeed000000000000ull | static_cast<std::uint64_t>(n);
+    void* a = pool->allocate();
+    void* b = pool->allocate();
+    if (a != nullptr) stamp(a, value);
+    if (b != nullptr) stamp(b, value + 1);
+    if (b != nullptr) check_and_free(*pool, b, value + 1);
+    if (a != nullptr) check_and_free(*pool, a, value);
+  }
+}
+
+struct run_options {
+  bool flip_affinity = false;
+  bool signals = false;
+  bool mixed = false;
+  bool trim = false;
+  std::chrono::milliseconds length{500};
+};
+
+void hammer(const run_options& options) {
+  g_corrupt.store(0);
+  object_pool::options o = checked(kObjectSize);  // catches an object handed out twice
+  o.cache_capacity = 32;
+  object_pool pool(o);
+  const std::vector<int> cpus = stress::test_cpus(2);
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to(cpus));
+  if (options.signals) {
+    g_handler_runs.store(0);
+    g_signal_pool = &pool;
+    stress::install_handler(kSignal, on_signal);
+  }
+  std::atomic<long> cycles{0};
+  std::atomic<long> trims{0};
+  std::atomic<long> failed{0};
+  {
+    stress::worker_group workers(kWorkers, [&](int w, const stress::stop_flag& stop) {
+      if (options.mixed && w % 3 == 0) internal::force_locked_path_for_this_thread(true);
+      std::unique_ptr<stress::thread_signal_timer> timer;
+      if (options.signals) timer.reset(new stress::thread_signal_timer(kSignal, 10000));
+      void* held[48];
+      long mine = 0;
+      while (!stop) {
+        const int n = 1 + static_cast<int>((w * 7 + mine) % 48);
+        const std::uint64_t base = (static_cast<std::uint64_t>(w) << 48) | (mine << 8);
+        for (int i = 0; i < n; ++i) {
+          held[i] = pool.allocate();
+          if (held[i] == nullptr) {
+            failed.fetch_add(1);
+          } else {
+            stamp(held[i], base + i);
+          }
+        }
+        for (int i = n - 1; i >= 0; --i) {
+          if (held[i] != nullptr) check_and_free(pool, held[i], base + i);
+        }
+        ++mine;
+      }
+      internal::force_locked_path_for_this_thread(false);
+      cycles.fetch_add(mine);
+    });
+    std::unique_ptr<stress::affinity_flipper> flipper;
+    if (options.flip_affinity) {
+      flipper.reset(new stress::affinity_flipper(workers, cpus, std::chrono::microseconds(300)));
+    }
+    std::atomic<bool> stop_trim{false};
+    std::thread trimmer;
+    if (options.trim) {
+      trimmer = std::thread([&] {
+        while (!stop_trim.load()) {
+          pool.trim();
+          trims.fetch_add(1);
+          std::this_thread::sleep_for(std::chrono::microseconds(300));
+        }
+      });
+    }
+    stress::sleep_scaled(options.length);
+    if (flipper) {
+      flipper->stop();
+      std::printf("affinity flips: %ld\n", flipper->flips());
+    }
+    if (trimmer.joinable()) {
+      stop_trim.store(true);
+      trimmer.join();
+      std::printf("trims: %ld\n", trims.load());
+      EXPECT_GT(trims.load(), 0);
+    }
+    workers.stop_and_join();
+  }
+  if (options.signals) {
+    g_signal_pool = nullptr;
+    std::printf("signal handlers ran %ld times\n", g_handler_runs.load());
+    EXPECT_GT(g_handler_runs.load(), 0);
+  }
+  std::printf("worker cycles: %ld, objects carved: %zu\n", cycles.load(), pool.carved_objects());
+  EXPECT_GT(cycles.load(), 0);
+  EXPECT_EQ(failed.load(), 0) << "allocate failed outside a signal handler";
+  EXPECT_EQ(g_corrupt.load(), 0) << "an object was used by two holders at once";
+  stress::restrict_to(saved);
+  expect_all_home(pool);
+  if (options.signals) stress::restore_default(kSignal);
+}
+
+TEST(ObjectPoolStressTest, Oversubscribed) { hammer({}); }
+
+TEST(ObjectPoolStressTest, AffinityFlipping) {
+  run_options options;
+  options.flip_affinity = true;
+  hammer(options);
+}
+
+TEST(ObjectPoolStressTest, TimerSignalsAllocateAndFreeToo) {
+  run_options options;
+  options.signals = true;
+  hammer(options);
+}
+
+TEST(ObjectPoolStressTest, LockedPathThreadsNextToRseqThreads) {
+  run_options options;
+  options.mixed = true;
+  options.flip_affinity = true;
+  hammer(options);
+}
+
+TEST(ObjectPoolStressTest, TrimWhileInUse) {
+  run_options options;
+  options.trim = true;
+  options.flip_affinity = true;
+  hammer(options);
+}
+
+TEST(ObjectPoolStressTest, EverythingAtOnce) {
+  run_options options;
+  options.trim = true;
+  options.flip_affinity = true;
+  options.signals = true;
+  options.mixed = true;
+  hammer(options);
+}
+
+TEST(ObjectPoolStressTest, ThreadChurn) {
+  g_corrupt.store(0);
+  object_pool pool(checked(kObjectSize));
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to(stress::test_cpus(2)));
+  stress::churn(stress::scaled(600L), kWorkers, [&](long n) {
+    void* held[20];
+    for (int round = 0; round < 100; ++round) {
+      const int count = 1 + static_cast<int>((n + round) % 20);
+      for (int i = 0; i < count; ++i) {
+        held[i] = pool.allocate();
+        stamp(held[i], static_cast<std::uint64_t>(n) << 16 | i);
+      }
+      for (int i = 0; i < count; ++i) {
+        check_and_free(pool, held[i], static_cast<std::uint64_t>(n) << 16 | i);
+      }
+    }
+  });
+  stress::restrict_to(saved);
+  EXPECT_EQ(g_corrupt.load(), 0);
+  expect_all_home(pool);
+}
+
+// The parent's workers keep allocating and freeing while the main thread
+// forks. Each child trims its copy, runs its own threads on it, and must end
+// with exactly the depot it started with.
+TEST(ObjectPoolStressTest, ForkDuringHeavyUse) {
+  object_pool pool(checked(kObjectSize));
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to(stress::test_cpus(2)));
+  int children = 0;
+  {
+    stress::worker_group workers(kWorkers, [&](int w, const stress::stop_flag& stop) {
+      void* held[16];
+      while (!stop) {
+        for (int i = 0; i < 1 + w; ++i) held[i] = pool.allocate();
+        for (int i = 0; i < 1 + w; ++i) pool.deallocate(held[i]);
+      }
+    });
+    const auto until =
+        std::chrono::steady_clock::now() + stress::scaled(std::chrono::milliseconds(500));
+    while (std::chrono::steady_clock::now() < until) {
+      const int status = stress::run_in_child(
+          [&pool] {
+            pool.trim();
+            const std::size_t depot = pool.depot_objects();
+            const std::size_t carved_before = pool.carved_objects();
+            std::vector<std::thread> threads;
+            for (int t = 0; t < 4; ++t) {
+              threads.emplace_back([&pool, t] {
+                void* held[64];
+                for (int round = 0; round < 2000; ++round) {
+                  const int n = 1 + (round + t) % 64;
+                  for (int i = 0; i < n; ++i) held[i] = pool.allocate();
+                  for (int i = 0; i < n; ++i) pool.deallocate(held[i]);
+                }
+              });
+            }
+            for (std::thread& t : threads) t.join();
+            pool.trim();
+            const std::size_t added = pool.carved_objects() - carved_before;
+            if (pool.depot_objects() != depot + added || cached_total(pool) != 0) {
+              std::fprintf(stderr, "child: depot %zu, want %zu\n", pool.depot_objects(),
+                           depot + added);
+              return 1;
+            }
+            return 0;
+          },
+          std::chrono::seconds(60));
+      ++children;
+      EXPECT_EQ(status, 0) << "child " << children;
+    }
+    workers.stop_and_join();
+  }
+  stress::restrict_to(saved);
+  std::printf("forked %d children\n", children);
+  EXPECT_GT(children, 0);
+  expect_all_home(pool);
+}
+
+}  // namespace
+}  // namespace percpu
