@@ -165,7 +165,7 @@ bool glibc_registered_rseq(std::intptr_t* area) {
   return true;
 }
 
-__attribute__((constructor(101))) void initialize() {
+void initialize_once() {
   const unsigned long auxv_feature_size = getauxval(kAtRseqFeatureSize);
   // Kernels before 6.3 have no AT_RSEQ_FEATURE_SIZE; they fill the original 20 bytes.
   g_state.feature_size = auxv_feature_size != 0 ? static_cast<unsigned>(auxv_feature_size)
@@ -209,6 +209,30 @@ __attribute__((constructor(101))) void initialize() {
   (void)max_cpus();  // read /sys now, not later in a signal handler
 }
 
+// 0: not started, 1: running, 2: done.
+std::atomic<int> g_init_state{0};
+
+__attribute__((constructor(101))) void initialize_at_load() { (void)ensure_initialized(); }
+
+}  // namespace
+
+// Normally the constructor has run before anyone asks. Code that runs earlier
+// (another library's constructor, an allocator called during start-up) gets
+// here through a slow path or the C API; a caller that interrupts the
+// initialisation itself (a signal handler) is told to use the system call.
+bool ensure_initialized() noexcept {
+  if (__builtin_expect(g_init_state.load(std::memory_order_acquire) == 2, 1)) return true;
+  int expected = 0;
+  if (g_init_state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    initialize_once();
+    g_init_state.store(2, std::memory_order_release);
+    return true;
+  }
+  return g_init_state.load(std::memory_order_acquire) == 2;
+}
+
+namespace {
+
 // Registers the calling thread's own area. Re-entrant from a signal handler:
 // a handler that interrupts an attempt sees `trying` and uses the fallback.
 bool register_this_thread() noexcept {
@@ -239,6 +263,7 @@ bool register_this_thread() noexcept {
 // True when the calling thread's serving area is registered, after trying to
 // register it if that is percpu's job and has not been tried yet.
 bool ensure_registered() noexcept {
+  if (!ensure_initialized()) return false;
   if (load_tp_relative_i32(g_fast_path.cpu_id) >= 0) return true;
   if (g_state.owner.load(std::memory_order_relaxed) != rseq_owner::percpu) return false;
   if (g_fast_path.area != tp_offset_of(&own_area)) return false;
@@ -268,6 +293,7 @@ __attribute__((noinline)) int cpu_id_from_syscall() noexcept {
 }  // namespace
 
 int cpu_id_slow() noexcept {
+  if (!ensure_initialized()) return cpu_id_from_syscall();
   if (g_state.owner.load(std::memory_order_relaxed) == rseq_owner::percpu) {
     const int id = cpu_id_after_registering();
     if (id >= 0) return id;
@@ -287,6 +313,10 @@ int cpu_id_slow() noexcept {
 }
 
 int node_id_slow() noexcept {
+  if (!ensure_initialized()) {
+    unsigned node = 0;
+    return raw_syscall_getcpu(nullptr, &node) == 0 ? static_cast<int>(node) : 0;
+  }
   if (ensure_registered() && g_state.feature_size >= kFeatureSizeNodeId) {
     const int node = load_tp_relative_i32(g_fast_path.node_id);
     if (node >= 0) return node;
@@ -304,6 +334,7 @@ int concurrency_id_slow() noexcept {
 }
 
 rseq_area* registered_rseq_area() noexcept {
+  if (!ensure_initialized()) return nullptr;
   return ensure_registered() ? serving_rseq_area() : nullptr;
 }
 

@@ -306,6 +306,34 @@ struct static_probe {
 };
 static_probe g_static_probe;
 
+// Runs from .preinit_array: before every constructor, percpu's included.
+// Only the out-of-line C API promises to work this early.
+struct preinit_probe {
+  int kernel_before = -1, seen_sched_getcpu = -1, seen_cpu_id = -1, kernel_after = -1;
+};
+preinit_probe g_preinit;
+void run_preinit_probe(int, char**, char**) {
+  unsigned a = 0, b = 0;
+  internal::raw_syscall_getcpu(&a, nullptr);
+  g_preinit.seen_sched_getcpu = percpu_sched_getcpu();
+  g_preinit.seen_cpu_id = percpu_cpu_id();
+  internal::raw_syscall_getcpu(&b, nullptr);
+  g_preinit.kernel_before = static_cast<int>(a);
+  g_preinit.kernel_after = static_cast<int>(b);
+}
+__attribute__((section(".preinit_array"), used)) void (*const g_preinit_entry)(int, char**, char**) =
+    run_preinit_probe;
+
+TEST(CpuStatic, CApiWorksBeforeAnyConstructor) {
+  ASSERT_GE(g_preinit.kernel_before, 0);
+  if (g_preinit.kernel_before == g_preinit.kernel_after) {
+    EXPECT_EQ(g_preinit.seen_sched_getcpu, g_preinit.kernel_before);
+    EXPECT_EQ(g_preinit.seen_cpu_id, g_preinit.kernel_before);
+  }
+  EXPECT_GE(g_preinit.seen_sched_getcpu, 0);
+  EXPECT_LT(g_preinit.seen_cpu_id, max_cpus());
+}
+
 TEST(CpuStatic, WorksInStaticConstructorsBeforeMain) {
   // A migration between the three reads can make them differ; only then may
   // cpu_id() differ from both.

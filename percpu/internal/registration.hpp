@@ -10,6 +10,13 @@
 namespace percpu {
 namespace internal {
 
+// Runs percpu's start-up if its constructor has not run yet (code that runs
+// before it: other libraries' constructors, an allocator called during
+// start-up). False only while another caller is in the middle of it; the
+// caller then answers from the system call. The inline fast paths do not
+// check this: before start-up they must not be used.
+bool ensure_initialized() noexcept;
+
 // The calling thread's serving rseq area if the kernel keeps it current (the
 // thread is registered, by glibc or by percpu), registering it first if due;
 // nullptr when this thread runs on a fallback. Critical sections use it.
