@@ -1,0 +1,589 @@
+// What percpu-bench prints and writes: the text tables, the JSON record and
+// the SVG chart. Every figure comes from the same run_result, so the three
+// always agree.
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "tools/percpu_bench.hpp"
+
+namespace percpu {
+namespace bench {
+namespace {
+
+const measurement* find_row(const run_result& run, const char* name) {
+  for (const measurement& row : run.rows) {
+    if (std::strcmp(row.method->name, name) == 0 && row.available) return &row;
+  }
+  return nullptr;
+}
+
+std::string printf_string(const char* format, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), format, value);
+  return buf;
+}
+
+std::size_t label_width(const run_result& run) {
+  std::size_t width = 0;
+  for (const measurement& row : run.rows) {
+    if (row.method->where == table::glibc) width = std::max(width, std::strlen(row.method->label));
+  }
+  return width + 1;
+}
+
+// The ratio of two medians, as "faster than" (a > b) or "of" (limit).
+struct bar_check {
+  const char* text;
+  double ratio;
+  bool met;
+};
+
+std::vector<bar_check> bar_checks(const run_result& run) {
+  std::vector<bar_check> checks;
+  const measurement* cpu = find_row(run, "cpu_id");
+  if (cpu == nullptr) return checks;
+  if (const measurement* glibc = find_row(run, "glibc_sched_getcpu")) {
+    const double r = glibc->ns_per_call() / cpu->ns_per_call();
+    checks.push_back({"percpu::cpu_id() vs glibc sched_getcpu(): faster by (goal: at least 5x)", r,
+                      r >= 5.0});
+  }
+  if (const measurement* sys = find_row(run, "syscall_getcpu")) {
+    const double r = sys->ns_per_call() / cpu->ns_per_call();
+    checks.push_back({"percpu::cpu_id() vs getcpu system call: faster by (goal: at least 100x)", r,
+                      r >= 100.0});
+  }
+  if (const measurement* limit = find_row(run, "thread_local")) {
+    const double r = cpu->ns_per_call() / limit->ns_per_call();
+    checks.push_back({"percpu::cpu_id() vs thread_local read: slower by (goal: at most 1.1x)", r,
+                      r <= 1.1});
+  }
+  return checks;
+}
+
+void print_environment(const run_result& run, std::FILE* out) {
+  const environment& e = run.env;
+  std::fprintf(out, "1. Environment\n");
+  std::fprintf(out, "   CPU:                %s (%d online, %d allowed to this process)\n",
+               e.cpu_model.c_str(), e.cpus_online, e.cpus_allowed);
+  std::fprintf(out, "   Kernel:             %s %s\n", e.kernel.c_str(), e.machine.c_str());
+  std::fprintf(out, "   glibc:              %s\n", e.glibc.c_str());
+  std::fprintf(out, "   Compiler:           %s%s\n", e.compiler.c_str(),
+               e.optimized ? "" : " (NOT optimized: figures mean little)");
+  std::fprintf(out, "   rseq owner:         %s\n", e.rseq_owner.c_str());
+  std::fprintf(out, "   rseq feature size:  %u\n", e.rseq_feature_size);
+  std::fprintf(out, "   cpu_id() backend:   %s (fallback for threads without rseq: %s)\n",
+               e.cpu_id_backend.c_str(), e.fallback_backend.c_str());
+  std::fprintf(out, "   Date:               %s\n", e.date.c_str());
+  std::string command;
+  for (const std::string& a : run.opts.argv) command += (command.empty() ? "" : " ") + a;
+  std::fprintf(out, "   Command:            %s\n", command.c_str());
+}
+
+void print_glibc_table(const run_result& run, std::FILE* out) {
+  std::fprintf(out,
+               "\n2. The glibc seed's table: ns per call, median of %d repetition%s%s\n",
+               run.opts.repetitions, run.opts.repetitions == 1 ? "" : "s",
+               run.opts.threads ? " (median over every CPU, all measuring at once)" : "");
+  std::fprintf(out,
+               "   (each row: calls in a loop, each result kept in a register; calls per "
+               "repetition: --calls, or fewer where that would take over %.1f s)\n\n",
+               kRepetitionBudgetNs / 1e9);
+  const std::size_t width = label_width(run);
+  const measurement* base = find_row(run, "glibc_sched_getcpu");
+  std::fprintf(out, "%-*s %10s %-20s %16s %12s\n", static_cast<int>(width), "", "", "",
+               "min-max ns", "calls/rep");
+  bool any_row = false;
+  for (const measurement& row : run.rows) {
+    if (row.method->where != table::glibc) continue;
+    any_row = true;
+    if (!row.available) {
+      std::fprintf(out, "%-*s %10s (%s)\n", static_cast<int>(width), row.method->label, "n/a",
+                   row.reason.c_str());
+      continue;
+    }
+    std::string relation;
+    if (row.method->is_baseline) {
+      relation = "(baseline)";
+    } else if (base == nullptr) {
+      relation = "";
+    } else {
+      const double r = base->ns_per_call() / row.ns_per_call();
+      relation = r >= 1 ? printf_string("(speedup: %4.1fx)", r)
+                        : printf_string("(slowdown: %4.1fx)", 1 / r);
+    }
+    const std::string spread =
+        format_ns(row.min_ns_per_call()) + "-" + format_ns(row.max_ns_per_call());
+    std::fprintf(out, "%-*s %7s ns %-20s %16s %12" PRIu64 "%s\n", static_cast<int>(width),
+                 row.method->label, format_ns(row.ns_per_call()).c_str(), relation.c_str(),
+                 spread.c_str(), row.calls, row.method->is_limit ? "  <- the limit" : "");
+  }
+  if (!any_row) {
+    std::fprintf(out, "   (no row of this table selected)\n");
+    return;
+  }
+  for (const measurement& row : run.rows) {
+    if (row.available && !row.note.empty()) {
+      std::fprintf(out, "   %s %s\n", row.method->label, row.note.c_str());
+    }
+  }
+  if (base != nullptr) {
+    std::fprintf(out, "   glibc %s's sched_getcpu() %s\n", run.env.glibc.c_str(),
+                 run.env.rseq_owner == "glibc"
+                     ? "reads cpu_id from glibc's rseq area here (as the seed patch proposed)"
+                     : "cannot read rseq here (glibc does not own it), so it asks the vDSO");
+  }
+  const std::vector<bar_check> checks = bar_checks(run);
+  if (!checks.empty()) std::fprintf(out, "\n   The bar (ratios of the medians above):\n");
+  for (const bar_check& c : checks) {
+    std::fprintf(out, "   %-72s %7.2fx  %s\n", c.text, c.ratio, c.met ? "met" : "NOT met");
+  }
+}
+
+std::string box_cell(const std::string& text, std::size_t width) {
+  std::string cell = "   " + text;
+  cell.resize(std::max(width, cell.size() + 1), ' ');
+  return cell;
+}
+
+void print_arm64_table(const run_result& run, std::FILE* out) {
+  const measurement* before = nullptr;
+  const measurement* after = nullptr;
+  const measurement* empty = nullptr;
+  bool selected = false;
+  for (const measurement& row : run.rows) {
+    if (row.method->where != table::arm64) continue;
+    selected = true;
+    const std::string name = row.method->name;
+    if (!row.available) continue;
+    if (name == "get_cpu_id_before") before = &row;
+    if (name == "get_cpu_id_after") after = &row;
+    if (name == "empty_call") empty = &row;
+  }
+  std::fprintf(out, "\n3. The arm64 seed's table: %" PRIu64
+               " calls of a noinline get_cpu_id(), median of %d repetition%s%s\n\n",
+               run.opts.calls, run.opts.repetitions, run.opts.repetitions == 1 ? "" : "s",
+               run.opts.threads ? " (median over every CPU, all measuring at once)" : "");
+  if (!selected) {
+    std::fprintf(out, "   (not selected)\n");
+    return;
+  }
+  if (before == nullptr || after == nullptr) {
+    for (const measurement& row : run.rows) {
+      if (row.method->where == table::arm64 && !row.available) {
+        std::fprintf(out, "   %s: n/a (%s)\n", row.method->label, row.reason.c_str());
+      }
+    }
+    return;
+  }
+  const std::string calls = std::to_string(run.opts.calls);
+  const auto total = [](const measurement* m) {
+    return static_cast<std::uint64_t>(std::llround(m->median_ns()));
+  };
+  const std::uint64_t t_before = total(before);
+  const std::uint64_t t_after = total(after);
+  const bool decrease = t_after <= t_before;
+  const std::uint64_t diff = decrease ? t_before - t_after : t_after - t_before;
+  char diff_text[96];
+  std::snprintf(diff_text, sizeof(diff_text), "%" PRIu64 "ns (%.2f%%)", diff,
+                100.0 * static_cast<double>(diff) / static_cast<double>(t_before));
+  const std::string before_text = std::to_string(t_before) + "ns";
+  const std::string after_text = std::to_string(t_after) + "ns";
+  const std::size_t w1 = 8;
+  const std::size_t w2 = std::max<std::size_t>(17, calls.size() + 7);
+  std::size_t w3 = 24;
+  for (const std::string& s : {before_text, after_text, std::string(diff_text)}) {
+    w3 = std::max(w3, s.size() + 4);
+  }
+  const std::string indent = "      ";
+  const std::string rule = indent + "+" + std::string(w1 + 1 + w2, '-') + "+" + std::string(w3, '-') + "+";
+  const std::string split = indent + "+" + std::string(w1, '-') + "+" + std::string(w2, '-') + "+" +
+                            std::string(w3, '-') + "+";
+  auto row = [&](const char* name, const std::string& time) {
+    std::string first = std::string(" ") + name;
+    first.resize(w1, ' ');
+    return indent + "|" + first + "|" + box_cell(calls, w2) + "|" + box_cell(time, w3) + "|";
+  };
+  std::string header_time = "    Time taken";
+  header_time.resize(w3, ' ');
+  std::string header_calls = " Number of Calls";
+  header_calls.resize(w2, ' ');
+  std::string diff_label = decrease ? "  Difference (decrease)" : "  Difference (increase)";
+  diff_label.resize(w1 + 1 + w2, ' ');
+  std::fprintf(out, "%s\n", rule.c_str());
+  std::fprintf(out, "%s|%s|%s|%s|\n", indent.c_str(), std::string(w1, ' ').c_str(),
+               header_calls.c_str(), header_time.c_str());
+  std::fprintf(out, "%s\n", split.c_str());
+  std::fprintf(out, "%s\n", row("Before", before_text).c_str());
+  std::fprintf(out, "%s\n", split.c_str());
+  std::fprintf(out, "%s\n", row("After", after_text).c_str());
+  std::fprintf(out, "%s\n", split.c_str());
+  std::fprintf(out, "%s|%s|%s|\n", indent.c_str(), diff_label.c_str(),
+               box_cell(diff_text, w3).c_str());
+  std::fprintf(out, "%s+%s+\n\n", indent.c_str(), std::string(w1 + 1 + w2 + 1 + w3, '-').c_str());
+
+  std::fprintf(out, "   Before: get_cpu_id() { return sched_getcpu(); }      %7s ns/call  (min-max %s-%s)\n",
+               format_ns(before->ns_per_call()).c_str(), format_ns(before->min_ns_per_call()).c_str(),
+               format_ns(before->max_ns_per_call()).c_str());
+  std::fprintf(out, "   After:  get_cpu_id() { return percpu::cpu_id(); }   %7s ns/call  (min-max %s-%s)\n",
+               format_ns(after->ns_per_call()).c_str(), format_ns(after->min_ns_per_call()).c_str(),
+               format_ns(after->max_ns_per_call()).c_str());
+  if (empty != nullptr) {
+    std::fprintf(out,
+                 "   Empty noinline call (the call overhead in both): %" PRIu64 " calls, %" PRIu64
+                 "ns, %s ns/call  (min-max %s-%s)\n",
+                 empty->calls, total(empty), format_ns(empty->ns_per_call()).c_str(),
+                 format_ns(empty->min_ns_per_call()).c_str(),
+                 format_ns(empty->max_ns_per_call()).c_str());
+  }
+  std::fprintf(out, "   The bar: After below Before: %s (After/Before = %.2f)\n",
+               t_after < t_before ? "met" : "NOT met",
+               static_cast<double>(t_after) / static_cast<double>(t_before));
+}
+
+void print_listings(const run_result& run, std::FILE* out) {
+  std::fprintf(out, "\n4. The instructions as built, disassembled from the binaries themselves\n"
+                    "   (in the loops, lines marked * are the loop body: what each call costs)\n");
+  for (const disassembly& d : run.listings) {
+    std::fprintf(out, "\nDump of assembler code for function %s (%s)\n   from %s, by %s:\n",
+                 d.symbol.c_str(), d.title.c_str(), d.file.c_str(), d.how.c_str());
+    for (const std::string& line : d.lines) std::fprintf(out, "%s\n", line.c_str());
+  }
+}
+
+void print_per_cpu(const run_result& run, std::FILE* out) {
+  std::vector<int> cpus;
+  for (const measurement& row : run.rows) {
+    if (!row.cpus.empty()) cpus = row.cpus;
+  }
+  if (cpus.empty()) return;
+  std::fprintf(out, "\n5. Per CPU (--threads: one pinned thread per CPU, all timed at once): "
+                    "median ns per call\n\n");
+  const int width = static_cast<int>(label_width(run));
+  std::fprintf(out, "%-*s", width, "");
+  for (int cpu : cpus) std::fprintf(out, " %9s", ("cpu" + std::to_string(cpu)).c_str());
+  std::fprintf(out, "\n");
+  for (const measurement& row : run.rows) {
+    std::string label = row.method->label;
+    if (row.method->where == table::arm64) label = std::string("get_cpu_id() ") + label + ":";
+    std::fprintf(out, "%-*s", width, label.c_str());
+    if (!row.available || row.per_cpu_elapsed_ns.empty()) {
+      std::fprintf(out, " %9s\n", "n/a");
+      continue;
+    }
+    for (const auto& reps : row.per_cpu_elapsed_ns) {
+      std::fprintf(out, " %9s", format_ns(median(reps) / static_cast<double>(row.calls)).c_str());
+    }
+    std::fprintf(out, "\n");
+  }
+}
+
+// --- JSON -------------------------------------------------------------------
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+std::string json_numbers(const std::vector<double>& values) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + json_number(values[i]);
+  return out + "]";
+}
+
+std::string json_row(const run_result& run, const measurement& row) {
+  const measurement* base = find_row(run, "glibc_sched_getcpu");
+  std::string s = "    {\"name\": " + json_string(row.method->name) +
+                  ", \"label\": " + json_string(row.method->label) +
+                  ", \"table\": " + json_string(row.method->where == table::glibc ? "glibc" : "arm64") +
+                  ", \"baseline\": " + (row.method->is_baseline ? "true" : "false") +
+                  ", \"limit\": " + (row.method->is_limit ? "true" : "false") +
+                  ", \"available\": " + (row.available ? "true" : "false");
+  if (!row.available) return s + ", \"reason\": " + json_string(row.reason) + "}";
+  s += ",\n     \"calls_per_repetition\": " + std::to_string(row.calls) +
+       ", \"ns_per_call\": " + json_number(row.ns_per_call()) +
+       ", \"min_ns_per_call\": " + json_number(row.min_ns_per_call()) +
+       ", \"max_ns_per_call\": " + json_number(row.max_ns_per_call()) +
+       ", \"median_elapsed_ns\": " + json_number(row.median_ns());
+  if (base != nullptr && row.method->where == table::glibc) {
+    s += ", \"speedup_vs_baseline\": " + json_number(base->ns_per_call() / row.ns_per_call());
+  }
+  if (!row.note.empty()) s += ", \"note\": " + json_string(row.note);
+  s += ",\n     \"elapsed_ns\": " + json_numbers(row.elapsed_ns);
+  if (!row.cpus.empty()) {
+    s += ",\n     \"per_cpu\": [";
+    for (std::size_t i = 0; i < row.cpus.size(); ++i) {
+      s += std::string(i ? ", " : "") + "{\"cpu\": " + std::to_string(row.cpus[i]) +
+           ", \"ns_per_call\": " +
+           json_number(median(row.per_cpu_elapsed_ns[i]) / static_cast<double>(row.calls)) +
+           ", \"elapsed_ns\": " + json_numbers(row.per_cpu_elapsed_ns[i]) + "}";
+    }
+    s += "]";
+  }
+  return s + "}";
+}
+
+// --- SVG --------------------------------------------------------------------
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string svg_label(const measurement& row) {
+  if (row.method->where == table::glibc) {
+    std::string label = row.method->label;
+    if (!label.empty() && label.back() == ':') label.pop_back();
+    return label;
+  }
+  const std::string name = row.method->name;
+  if (name == "get_cpu_id_before") return "get_cpu_id() Before: sched_getcpu()";
+  if (name == "get_cpu_id_after") return "get_cpu_id() After: percpu::cpu_id()";
+  return "empty noinline call (call overhead)";
+}
+
+const char* svg_colour(const measurement& row) {
+  const std::string name = row.method->name;
+  if (name == "cpu_id" || name == "get_cpu_id_after") return "#1b7f5f";
+  if (row.method->is_baseline || name == "get_cpu_id_before") return "#6b6b6b";
+  if (row.method->is_limit) return "#2c5aa0";
+  if (name == "empty_call") return "#b0b0b0";
+  return "#d08c2a";
+}
+
+}  // namespace
+
+std::string format_ns(double ns_per_call) { return printf_string("%.2f", ns_per_call); }
+
+void print_text(const run_result& run, std::FILE* out) {
+  std::fprintf(out, "percpu-bench: which CPU am I on, and what does asking cost?\n\n");
+  print_environment(run, out);
+  print_glibc_table(run, out);
+  print_arm64_table(run, out);
+  print_listings(run, out);
+  if (run.opts.threads) print_per_cpu(run, out);
+  std::fprintf(out, "\nTotal run time: %.1f s\n", run.wall_seconds);
+}
+
+bool write_json(const run_result& run, const std::string& path, std::string* error) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    *error = "cannot write " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  const environment& e = run.env;
+  std::string s = "{\n  \"tool\": \"percpu-bench\",\n  \"command\": [";
+  for (std::size_t i = 0; i < run.opts.argv.size(); ++i) {
+    s += (i ? ", " : "") + json_string(run.opts.argv[i]);
+  }
+  s += "],\n  \"options\": {\"calls\": " + std::to_string(run.opts.calls) +
+       ", \"repetitions\": " + std::to_string(run.opts.repetitions) +
+       ", \"threads\": " + (run.opts.threads ? "true" : "false") + "},\n";
+  s += "  \"environment\": {\"date\": " + json_string(e.date) +
+       ", \"cpu_model\": " + json_string(e.cpu_model) +
+       ", \"cpus_online\": " + std::to_string(e.cpus_online) +
+       ", \"cpus_allowed\": " + std::to_string(e.cpus_allowed) +
+       ",\n    \"kernel\": " + json_string(e.kernel) + ", \"machine\": " + json_string(e.machine) +
+       ", \"glibc\": " + json_string(e.glibc) + ", \"compiler\": " + json_string(e.compiler) +
+       ", \"optimized\": " + (e.optimized ? "true" : "false") +
+       ",\n    \"rseq_owner\": " + json_string(e.rseq_owner) +
+       ", \"rseq_feature_size\": " + std::to_string(e.rseq_feature_size) +
+       ", \"cpu_id_backend\": " + json_string(e.cpu_id_backend) +
+       ", \"fallback_backend\": " + json_string(e.fallback_backend) + "},\n";
+  s += "  \"methods\": [\n";
+  for (std::size_t i = 0; i < run.rows.size(); ++i) {
+    s += json_row(run, run.rows[i]) + (i + 1 < run.rows.size() ? ",\n" : "\n");
+  }
+  s += "  ],\n  \"bar\": [";
+  const std::vector<bar_check> checks = bar_checks(run);
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    s += std::string(i ? ", " : "") + "{\"check\": " + json_string(checks[i].text) +
+         ", \"ratio\": " + json_number(checks[i].ratio) + ", \"met\": " +
+         (checks[i].met ? "true" : "false") + "}";
+  }
+  s += "],\n  \"disassembly\": [";
+  for (std::size_t i = 0; i < run.listings.size(); ++i) {
+    const disassembly& d = run.listings[i];
+    s += std::string(i ? ",\n    " : "\n    ") + "{\"symbol\": " + json_string(d.symbol) +
+         ", \"title\": " + json_string(d.title) + ", \"file\": " + json_string(d.file) +
+         ", \"how\": " + json_string(d.how) + ", \"lines\": [";
+    for (std::size_t j = 0; j < d.lines.size(); ++j) s += (j ? ", " : "") + json_string(d.lines[j]);
+    s += "]}";
+  }
+  s += "],\n  \"wall_seconds\": " + json_number(run.wall_seconds) + "\n}\n";
+  const bool ok = std::fwrite(s.data(), 1, s.size(), f) == s.size();
+  if (std::fclose(f) != 0 || !ok) {
+    *error = "cannot write " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+bool write_svg(const run_result& run, const std::string& path, std::string* error) {
+  double lo = 1e300, hi = 0;
+  for (const measurement& row : run.rows) {
+    if (!row.available) continue;
+    lo = std::min(lo, row.min_ns_per_call());
+    hi = std::max(hi, row.max_ns_per_call());
+  }
+  if (hi <= 0) lo = 0.1, hi = 1;
+  const double log_lo = std::floor(std::log10(lo));
+  const double log_hi = std::max(log_lo + 1, std::ceil(std::log10(hi)));
+  const int label_w = 330, plot_x = 340, plot_w = 560, value_w = 180, row_h = 26, top = 112;
+  const int width = plot_x + plot_w + value_w;
+  int n_rows = 0;
+  bool arm64_heading = false;
+  for (const measurement& row : run.rows) {
+    ++n_rows;
+    if (row.method->where == table::arm64 && !arm64_heading) arm64_heading = true;
+  }
+  const int plot_h = row_h * (n_rows + (arm64_heading ? 1 : 0));
+  const int height = top + plot_h + 70;
+  auto x_of = [&](double v) {
+    const double f = (std::log10(std::max(v, std::pow(10.0, log_lo))) - log_lo) / (log_hi - log_lo);
+    return plot_x + f * plot_w;
+  };
+  std::string s;
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+                "viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n"
+                "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+                width, height, width, height);
+  s += buf;
+  s += "<text x=\"20\" y=\"30\" font-size=\"19\" font-weight=\"bold\">percpu-bench: "
+       "which CPU am I on? Nanoseconds per call (log scale, shorter is faster)</text>\n";
+  std::snprintf(buf, sizeof(buf),
+                "<text x=\"20\" y=\"52\" font-size=\"12\" fill=\"#444\">%s, %s %s, glibc %s, %s; "
+                "median of %d repetitions, whiskers min-max%s</text>\n",
+                xml_escape(run.env.cpu_model).c_str(), xml_escape(run.env.kernel).c_str(),
+                xml_escape(run.env.machine).c_str(), xml_escape(run.env.glibc).c_str(),
+                xml_escape(run.env.date).c_str(), run.opts.repetitions,
+                run.opts.threads ? "; every CPU at once" : "");
+  s += buf;
+  std::snprintf(buf, sizeof(buf),
+                "<text x=\"20\" y=\"70\" font-size=\"12\" fill=\"#444\">rseq owner: %s, "
+                "cpu_id() backend: %s, compiler: %s</text>\n",
+                xml_escape(run.env.rseq_owner).c_str(), xml_escape(run.env.cpu_id_backend).c_str(),
+                xml_escape(run.env.compiler).c_str());
+  s += buf;
+  // Decade grid lines and their labels.
+  for (double d = log_lo; d <= log_hi + 1e-9; d += 1) {
+    const double x = plot_x + (d - log_lo) / (log_hi - log_lo) * plot_w;
+    const double v = std::pow(10.0, d);
+    std::snprintf(buf, sizeof(buf),
+                  "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ccc\"/>\n"
+                  "<text x=\"%.1f\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">%g ns</text>\n",
+                  x, top - 8, x, top + plot_h, x, top + plot_h + 18, v);
+    s += buf;
+  }
+  std::snprintf(buf, sizeof(buf),
+                "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\" fill=\"#444\">"
+                "ns per call, log scale</text>\n",
+                plot_x + plot_w / 2, top + plot_h + 38);
+  s += buf;
+  int y = top;
+  bool heading_done = false;
+  if (!run.rows.empty() && run.rows.front().method->where == table::glibc) {
+    s += "<text x=\"20\" y=\"" + std::to_string(y - 10) +
+         "\" font-size=\"13\" font-style=\"italic\">glibc seed: each way of asking, per "
+         "call</text>\n";
+  }
+  for (const measurement& row : run.rows) {
+    if (row.method->where == table::arm64 && !heading_done) {
+      heading_done = true;
+      std::snprintf(buf, sizeof(buf),
+                    "<text x=\"20\" y=\"%d\" font-size=\"13\" font-style=\"italic\">"
+                    "arm64 seed: %s calls of a noinline get_cpu_id(), per call</text>\n",
+                    y + 17, std::to_string(run.opts.calls).c_str());
+      s += buf;
+      y += row_h;
+    }
+    const int mid = y + row_h / 2;
+    std::snprintf(buf, sizeof(buf),
+                  "<text x=\"%d\" y=\"%d\" font-size=\"13\" text-anchor=\"end\">%s</text>\n",
+                  label_w, mid + 5, xml_escape(svg_label(row)).c_str());
+    s += buf;
+    if (!row.available) {
+      std::snprintf(buf, sizeof(buf),
+                    "<text x=\"%d\" y=\"%d\" font-size=\"12\" fill=\"#a00\">n/a: %s</text>\n",
+                    plot_x + 6, mid + 5, xml_escape(row.reason).c_str());
+      s += buf;
+      y += row_h;
+      continue;
+    }
+    const double x_end = x_of(row.ns_per_call());
+    std::snprintf(buf, sizeof(buf),
+                  "<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n"
+                  "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n"
+                  "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n"
+                  "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n",
+                  plot_x, y + 4, std::max(1.0, x_end - plot_x), row_h - 8, svg_colour(row),
+                  x_of(row.min_ns_per_call()), mid, x_of(row.max_ns_per_call()), mid,
+                  x_of(row.min_ns_per_call()), mid - 4, x_of(row.min_ns_per_call()), mid + 4,
+                  x_of(row.max_ns_per_call()), mid - 4, x_of(row.max_ns_per_call()), mid + 4);
+    s += buf;
+    std::string value = format_ns(row.ns_per_call()) + " ns";
+    if (row.method->is_baseline) value += " (baseline)";
+    if (row.method->is_limit) value += " (the limit)";
+    std::snprintf(buf, sizeof(buf), "<text x=\"%.1f\" y=\"%d\" font-size=\"12\">%s</text>\n",
+                  std::max(x_end, x_of(row.max_ns_per_call())) + 6, mid + 4,
+                  xml_escape(value).c_str());
+    s += buf;
+    y += row_h;
+  }
+  s += "</svg>\n";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    *error = "cannot write " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  const bool ok = std::fwrite(s.data(), 1, s.size(), f) == s.size();
+  if (std::fclose(f) != 0 || !ok) {
+    *error = "cannot write " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace bench
+}  // namespace percpu

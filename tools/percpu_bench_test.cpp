@@ -1,0 +1,541 @@
+// percpu-bench as a user meets it: the binary is run as a child process and
+// judged by its exit status, its text and its JSON. No test looks at speed:
+// the figures must be there, positive, consistent with each other and in the
+// order the tool printed them, whatever they are.
+
+#include <fcntl.h>
+#include <sched.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "percpu/cpu.hpp"
+
+extern char** environ;
+
+namespace {
+
+struct run_output {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string temp_path(const char* stem) {
+  const char* dir = std::getenv("TMPDIR");
+  std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + stem + "XXXXXX";
+  const int fd = mkstemp(&path[0]);
+  if (fd >= 0) close(fd);
+  return path;
+}
+
+// Runs `program args...` with stdout and stderr captured in files (not
+// terminals, so percpu-bench must stay silent on stderr).
+run_output run(const std::string& program, const std::vector<std::string>& args) {
+  const std::string out_path = temp_path("percpu_bench_out");
+  const std::string err_path = temp_path("percpu_bench_err");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_TRUNC, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_TRUNC, 0);
+  std::vector<std::string> all = {program};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : all) argv.push_back(&a[0]);
+  argv.push_back(nullptr);
+  run_output r;
+  pid_t pid;
+  if (posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ) == 0) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  posix_spawn_file_actions_destroy(&actions);
+  r.out = slurp(out_path);
+  r.err = slurp(err_path);
+  unlink(out_path.c_str());
+  unlink(err_path.c_str());
+  return r;
+}
+
+run_output bench(const std::vector<std::string>& args) { return run(PERCPU_BENCH_BINARY, args); }
+
+// A small strict JSON reader: enough to walk percpu-bench's output, and
+// strict enough that malformed output fails the test.
+struct json {
+  enum kind { null, boolean, number, string, array, object } type = null;
+  bool b = false;
+  double num = 0;
+  std::string str;
+  std::vector<json> items;
+  std::vector<std::pair<std::string, json>> fields;
+
+  bool has(const std::string& key) const {
+    for (const auto& f : fields) {
+      if (f.first == key) return true;
+    }
+    return false;
+  }
+  const json& operator[](const std::string& key) const {
+    for (const auto& f : fields) {
+      if (f.first == key) return f.second;
+    }
+    ADD_FAILURE() << "missing JSON key " << key;
+    static const json missing;
+    return missing;
+  }
+};
+
+class json_reader {
+ public:
+  explicit json_reader(const std::string& text) : s_(text) {}
+  bool parse(json* out) {
+    if (!value(out)) return false;
+    space();
+    return pos_ == s_.size();
+  }
+
+ private:
+  void space() {
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\t' ||
+                                s_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  bool literal(const char* word) {
+    const std::string w = word;
+    if (s_.compare(pos_, w.size(), w) != 0) return false;
+    pos_ += w.size();
+    return true;
+  }
+  bool string_value(std::string* out) {
+    if (s_[pos_] != '"') return false;
+    ++pos_;
+    while (pos_ < s_.size() && s_[pos_] != '"') {
+      char c = s_[pos_++];
+      if (static_cast<unsigned char>(c) < 0x20) return false;
+      if (c == '\\') {
+        if (pos_ >= s_.size()) return false;
+        const char e = s_[pos_++];
+        switch (e) {
+          case '"': case '\\': case '/': c = e; break;
+          case 'n': c = '\n'; break;
+          case 't': c = '\t'; break;
+          case 'r': c = '\r'; break;
+          case 'b': c = '\b'; break;
+          case 'f': c = '\f'; break;
+          case 'u':
+            if (pos_ + 4 > s_.size()) return false;
+            c = static_cast<char>(std::strtol(s_.substr(pos_, 4).c_str(), nullptr, 16));
+            pos_ += 4;
+            break;
+          default: return false;
+        }
+      }
+      out->push_back(c);
+    }
+    if (pos_ >= s_.size()) return false;
+    ++pos_;
+    return true;
+  }
+  bool value(json* out) {
+    space();
+    if (pos_ >= s_.size()) return false;
+    const char c = s_[pos_];
+    if (c == '{') {
+      out->type = json::object;
+      ++pos_;
+      space();
+      if (pos_ < s_.size() && s_[pos_] == '}') return ++pos_, true;
+      for (;;) {
+        space();
+        std::string key;
+        if (pos_ >= s_.size() || !string_value(&key)) return false;
+        space();
+        if (pos_ >= s_.size() || s_[pos_++] != ':') return false;
+        json v;
+        if (!value(&v)) return false;
+        out->fields.emplace_back(key, v);
+        space();
+        if (pos_ >= s_.size()) return false;
+        if (s_[pos_] == ',') { ++pos_; continue; }
+        if (s_[pos_] == '}') return ++pos_, true;
+        return false;
+      }
+    }
+    if (c == '[') {
+      out->type = json::array;
+      ++pos_;
+      space();
+      if (pos_ < s_.size() && s_[pos_] == ']') return ++pos_, true;
+      for (;;) {
+        json v;
+        if (!value(&v)) return false;
+        out->items.push_back(v);
+        space();
+        if (pos_ >= s_.size()) return false;
+        if (s_[pos_] == ',') { ++pos_; continue; }
+        if (s_[pos_] == ']') return ++pos_, true;
+        return false;
+      }
+    }
+    if (c == '"') {
+      out->type = json::string;
+      return string_value(&out->str);
+    }
+    if (literal("true")) { out->type = json::boolean; out->b = true; return true; }
+    if (literal("false")) { out->type = json::boolean; return true; }
+    if (literal("null")) return true;
+    const char* begin = s_.c_str() + pos_;
+    char* end = nullptr;
+    out->num = std::strtod(begin, &end);
+    if (end == begin) return false;
+    out->type = json::number;
+    pos_ += static_cast<std::size_t>(end - begin);
+    return true;
+  }
+
+  const std::string& s_;
+  std::size_t pos_ = 0;
+};
+
+const std::vector<std::string> kAllRows = {
+    "glibc_sched_getcpu", "glibc_sched_getcpu_rseq_off", "percpu_sched_getcpu", "cpu_id",
+    "vdso_getcpu",        "rdpid",                       "rdtscp",              "syscall_getcpu",
+    "thread_local",       "get_cpu_id_before",           "get_cpu_id_after",    "empty_call"};
+
+std::string two_decimals(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.2f", v);
+  return buf;
+}
+
+// The printed line that starts with `label`, or "".
+std::string line_starting(const std::string& text, const std::string& label) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.compare(0, label.size(), label) == 0) return line;
+  }
+  return "";
+}
+
+// ---------------------------------------------------------------------------
+// The command line.
+
+TEST(PercpuBenchCli, HelpListsEveryOptionAndExitsZero) {
+  const run_output r = bench({"--help"});
+  EXPECT_EQ(r.status, 0);
+  for (const char* flag : {"--calls", "--repetitions", "--threads", "--only", "--json", "--svg"}) {
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag << " missing from:\n" << r.out;
+  }
+  EXPECT_EQ(r.out.find("--internal-child"), std::string::npos) << "the child mode is internal";
+  EXPECT_EQ(r.err, "");
+}
+
+struct bad_input {
+  std::vector<std::string> args;
+  const char* must_mention;
+};
+
+class PercpuBenchBadInput : public ::testing::TestWithParam<bad_input> {};
+
+TEST_P(PercpuBenchBadInput, ClearErrorUsageAndExitTwo) {
+  const run_output r = bench(GetParam().args);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("percpu-bench: error:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(GetParam().must_mention), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Usage"), std::string::npos) << "no usage in:\n" << r.err;
+  EXPECT_EQ(r.out, "") << "nothing may be measured after bad input";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, PercpuBenchBadInput,
+    ::testing::Values(bad_input{{"--bogus"}, "--bogus"},
+                      bad_input{{"--calls", "0"}, "--calls"},
+                      bad_input{{"--calls", "abc"}, "abc"},
+                      bad_input{{"--calls", "-5"}, "-5"},
+                      bad_input{{"--calls", "1e3x"}, "1e3x"},
+                      bad_input{{"--calls"}, "--calls"},
+                      bad_input{{"--repetitions", "0"}, "--repetitions"},
+                      bad_input{{"--repetitions", "two"}, "two"},
+                      bad_input{{"--only", "nosuch"}, "nosuch"},
+                      bad_input{{"--only", "cpu_id,nosuch"}, "nosuch"},
+                      bad_input{{"stray"}, "stray"},
+                      bad_input{{"--threads=maybe"}, "--threads"},
+                      bad_input{{"--json", "/nonexistent-percpu-dir/out.json"}, "/nonexistent-percpu-dir"},
+                      bad_input{{"--svg", "/nonexistent-percpu-dir/out.svg"}, "/nonexistent-percpu-dir"}));
+
+TEST(PercpuBenchCli, OnlyMeasuresTheNamedRows) {
+  const run_output r =
+      bench({"--calls", "2000", "--repetitions", "2", "--only", "cpu_id,thread_local"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err, "") << "stderr is not a terminal: no progress expected";
+  EXPECT_NE(line_starting(r.out, "percpu::cpu_id() (inline load):"), "");
+  EXPECT_NE(line_starting(r.out, "thread_local int read (the limit):"), "");
+  EXPECT_EQ(line_starting(r.out, "getcpu system call:"), "");
+  EXPECT_EQ(line_starting(r.out, "glibc sched_getcpu():"), "");
+  EXPECT_NE(r.out.find("3. The arm64 seed's table"), std::string::npos);
+  EXPECT_NE(r.out.find("(not selected)"), std::string::npos);
+}
+
+TEST(PercpuBenchCli, OnlyAcceptsRepeatedAndSpaceSeparatedNames) {
+  const run_output r = bench({"--calls=1500", "--repetitions=1", "--only", "arm64", "--only=rdtscp"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("| Before |   1500"), std::string::npos) << r.out;
+  EXPECT_NE(line_starting(r.out, "RDTSCP instruction:"), "");
+  EXPECT_EQ(line_starting(r.out, "percpu::cpu_id() (inline load):"), "");
+}
+
+// ---------------------------------------------------------------------------
+// One full run, judged through its JSON, text and SVG.
+
+class PercpuBenchFullRun : public ::testing::Test {
+ protected:
+  static constexpr int kRepetitions = 3;
+  static constexpr std::uint64_t kCalls = 20000;
+
+  static void SetUpTestSuite() {
+    json_path_ = new std::string(temp_path("percpu_bench_json"));
+    svg_path_ = new std::string(temp_path("percpu_bench_svg"));
+    output_ = new run_output(bench({"--calls", std::to_string(kCalls), "--repetitions",
+                                    std::to_string(kRepetitions), "--json", *json_path_, "--svg",
+                                    *svg_path_}));
+    root_ = new json;
+    parsed_ = json_reader(slurp(*json_path_)).parse(root_);
+  }
+  static void TearDownTestSuite() {
+    unlink(json_path_->c_str());
+    unlink(svg_path_->c_str());
+    delete json_path_;
+    delete svg_path_;
+    delete output_;
+    delete root_;
+  }
+  void SetUp() override {
+    ASSERT_EQ(output_->status, 0) << output_->err;
+    ASSERT_TRUE(parsed_) << "the JSON does not parse:\n" << slurp(*json_path_);
+  }
+
+  static std::string* json_path_;
+  static std::string* svg_path_;
+  static run_output* output_;
+  static json* root_;
+  static bool parsed_;
+};
+
+std::string* PercpuBenchFullRun::json_path_ = nullptr;
+std::string* PercpuBenchFullRun::svg_path_ = nullptr;
+run_output* PercpuBenchFullRun::output_ = nullptr;
+json* PercpuBenchFullRun::root_ = nullptr;
+bool PercpuBenchFullRun::parsed_ = false;
+
+TEST_F(PercpuBenchFullRun, JsonHoldsEveryMethodInPrintedOrder) {
+  const json& methods = (*root_)["methods"];
+  ASSERT_EQ(methods.items.size(), kAllRows.size());
+  for (std::size_t i = 0; i < kAllRows.size(); ++i) {
+    EXPECT_EQ(methods.items[i]["name"].str, kAllRows[i]);
+  }
+  // The glibc table prints its rows in the JSON's order.
+  std::size_t last = 0;
+  for (const json& m : methods.items) {
+    if (m["table"].str != "glibc") continue;
+    const std::size_t at = output_->out.find("\n" + m["label"].str);
+    ASSERT_NE(at, std::string::npos) << m["label"].str << " not printed";
+    EXPECT_GT(at, last) << m["label"].str << " printed out of order";
+    last = at;
+  }
+}
+
+TEST_F(PercpuBenchFullRun, FiguresArePositiveAndConsistent) {
+  for (const json& m : (*root_)["methods"].items) {
+    SCOPED_TRACE(m["name"].str);
+    if (!m["available"].b) {
+      EXPECT_FALSE(m["reason"].str.empty()) << "n/a needs a reason";
+      EXPECT_FALSE(m.has("ns_per_call")) << "an unavailable method must carry no figure";
+      continue;
+    }
+    const double ns = m["ns_per_call"].num;
+    EXPECT_GT(ns, 0);
+    EXPECT_LE(m["min_ns_per_call"].num, ns);
+    EXPECT_GE(m["max_ns_per_call"].num, ns);
+    const double calls = m["calls_per_repetition"].num;
+    EXPECT_GT(calls, 0);
+    EXPECT_LE(calls, static_cast<double>(kCalls));
+    if (m["table"].str == "arm64") {
+      EXPECT_EQ(calls, static_cast<double>(kCalls));
+    }
+    const json& elapsed = m["elapsed_ns"];
+    ASSERT_EQ(elapsed.items.size(), static_cast<std::size_t>(kRepetitions));
+    for (const json& e : elapsed.items) EXPECT_GT(e.num, 0);
+    EXPECT_NEAR(m["median_elapsed_ns"].num / calls, ns, ns * 1e-9);
+  }
+}
+
+TEST_F(PercpuBenchFullRun, CoreMethodsAreAlwaysMeasured) {
+  for (const json& m : (*root_)["methods"].items) {
+    const std::string name = m["name"].str;
+    if (name == "glibc_sched_getcpu" || name == "percpu_sched_getcpu" || name == "cpu_id" ||
+        name == "thread_local" || name == "get_cpu_id_before" || name == "get_cpu_id_after" ||
+        name == "empty_call") {
+      EXPECT_TRUE(m["available"].b) << name << ": " << (m.has("reason") ? m["reason"].str : "");
+    }
+#if defined(__x86_64__)
+    if (name == "vdso_getcpu") {
+      EXPECT_TRUE(m["available"].b) << "x86-64 Linux has a vDSO getcpu";
+    }
+#else
+    if (name == "rdpid" || name == "rdtscp") {
+      EXPECT_FALSE(m["available"].b) << "only x86-64 has " << name;
+    }
+#endif
+  }
+}
+
+TEST_F(PercpuBenchFullRun, JsonMatchesThePrintedTables) {
+  for (const json& m : (*root_)["methods"].items) {
+    SCOPED_TRACE(m["name"].str);
+    if (m["table"].str == "glibc") {
+      const std::string line = line_starting(output_->out, m["label"].str);
+      ASSERT_NE(line, "");
+      if (!m["available"].b) {
+        EXPECT_NE(line.find("n/a (" + m["reason"].str + ")"), std::string::npos) << line;
+        continue;
+      }
+      EXPECT_NE(line.find(" " + two_decimals(m["ns_per_call"].num) + " ns"), std::string::npos)
+          << line;
+      EXPECT_NE(line.find(two_decimals(m["min_ns_per_call"].num) + "-" +
+                          two_decimals(m["max_ns_per_call"].num)),
+                std::string::npos)
+          << line;
+      char calls[32];
+      std::snprintf(calls, sizeof(calls), " %" PRIu64,
+                    static_cast<std::uint64_t>(m["calls_per_repetition"].num));
+      EXPECT_NE(line.find(calls), std::string::npos) << line;
+    } else if (m["name"].str != "empty_call") {
+      const std::string row = m["name"].str == "get_cpu_id_before" ? "| Before |" : "| After  |";
+      const std::string line = line_starting(output_->out, "      " + row);
+      ASSERT_NE(line, "");
+      const std::string taken =
+          std::to_string(std::llround(m["median_elapsed_ns"].num)) + "ns";
+      EXPECT_NE(line.find(taken), std::string::npos) << line << " vs " << taken;
+    }
+  }
+  const std::string speedup_line = line_starting(output_->out, "percpu::cpu_id() (inline load):");
+  for (const json& m : (*root_)["methods"].items) {
+    if (m["name"].str == "cpu_id" && m.has("speedup_vs_baseline") &&
+        m["speedup_vs_baseline"].num >= 1) {
+      char expected[48];
+      std::snprintf(expected, sizeof(expected), "(speedup: %4.1fx)", m["speedup_vs_baseline"].num);
+      EXPECT_NE(speedup_line.find(expected), std::string::npos) << speedup_line;
+    }
+  }
+}
+
+TEST_F(PercpuBenchFullRun, EnvironmentIsThisProcesssEnvironment) {
+  const json& env = (*root_)["environment"];
+  EXPECT_EQ(env["rseq_owner"].str, percpu::to_string(percpu::rseq_ownership()));
+  EXPECT_EQ(env["rseq_feature_size"].num, static_cast<double>(percpu::rseq_feature_size()));
+  EXPECT_EQ(env["cpu_id_backend"].str, percpu::to_string(percpu::backend()));
+  for (const char* key : {"date", "cpu_model", "kernel", "machine", "glibc", "compiler"}) {
+    EXPECT_FALSE(env[key].str.empty()) << key;
+    EXPECT_NE(output_->out.find(env[key].str), std::string::npos) << key << " not printed";
+  }
+  EXPECT_GT(env["cpus_online"].num, 0);
+  EXPECT_EQ((*root_)["options"]["calls"].num, static_cast<double>(kCalls));
+}
+
+TEST_F(PercpuBenchFullRun, DisassemblyShowsTheFastPaths) {
+  const json& listings = (*root_)["disassembly"];
+  ASSERT_FALSE(listings.items.empty());
+  for (const json& d : listings.items) {
+    EXPECT_FALSE(d["lines"].items.empty()) << d["symbol"].str << ": " << d["how"].str;
+    EXPECT_NE(output_->out.find("Dump of assembler code for function " + d["symbol"].str),
+              std::string::npos);
+  }
+}
+
+TEST_F(PercpuBenchFullRun, SvgNamesEveryRow) {
+  const std::string svg = slurp(*svg_path_);
+  EXPECT_EQ(svg.compare(0, 5, "<?xml"), 0);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_NE(svg.find("log scale"), std::string::npos);
+  for (const json& m : (*root_)["methods"].items) {
+    if (m["available"].b) {
+      EXPECT_NE(svg.find(two_decimals(m["ns_per_call"].num) + " ns"), std::string::npos)
+          << m["name"].str;
+    } else {
+      EXPECT_NE(svg.find("n/a: "), std::string::npos) << m["name"].str;
+    }
+  }
+}
+
+#if defined(PERCPU_BENCH_PYTHON)
+// An independent parser: the JSON and the SVG must satisfy Python's too.
+TEST_F(PercpuBenchFullRun, PythonParsesJsonAndSvg) {
+  const run_output r = run(PERCPU_BENCH_PYTHON,
+                           {"-c",
+                            "import json, sys, xml.etree.ElementTree as ET\n"
+                            "d = json.load(open(sys.argv[1]))\n"
+                            "assert len(d['methods']) == 12, len(d['methods'])\n"
+                            "ET.parse(sys.argv[2])\n"
+                            "print('ok')\n",
+                            *json_path_, *svg_path_});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "ok\n");
+}
+#endif
+
+// ---------------------------------------------------------------------------
+// --threads: every allowed CPU measures at once.
+
+TEST(PercpuBenchThreads, ReportsEveryAllowedCpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const std::size_t cpus = static_cast<std::size_t>(CPU_COUNT(&set));
+  const std::string json_path = temp_path("percpu_bench_threads");
+  const run_output r = bench({"--threads", "--calls", "3000", "--repetitions", "2", "--only",
+                              "cpu_id,glibc_sched_getcpu_rseq_off,arm64", "--json", json_path});
+  ASSERT_EQ(r.status, 0) << r.err;
+  json root;
+  ASSERT_TRUE(json_reader(slurp(json_path)).parse(&root));
+  unlink(json_path.c_str());
+  EXPECT_TRUE(root["options"]["threads"].b);
+  EXPECT_NE(r.out.find("5. Per CPU"), std::string::npos);
+  for (const json& m : root["methods"].items) {
+    SCOPED_TRACE(m["name"].str);
+    if (m["name"].str == "glibc_sched_getcpu_rseq_off") {
+      EXPECT_FALSE(m["available"].b) << "the child row is single-threaded only";
+      continue;
+    }
+    ASSERT_TRUE(m["available"].b);
+    ASSERT_EQ(m["per_cpu"].items.size(), cpus);
+    for (const json& c : m["per_cpu"].items) {
+      EXPECT_TRUE(CPU_ISSET(static_cast<int>(c["cpu"].num), &set));
+      EXPECT_GT(c["ns_per_call"].num, 0);
+      EXPECT_EQ(c["elapsed_ns"].items.size(), 2u);
+    }
+  }
+}
+
+}  // namespace
