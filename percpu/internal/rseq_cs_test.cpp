@@ -301,6 +301,10 @@ void run_contention(const char* name) {
   }
   g_state = &state;
   stress::install_handler(kSignal, &on_signal<K>);
+#if defined(PERCPU_INJECT_DELAYS)
+  // Long sections: most preemptions, migrations and signals land inside one.
+  const unsigned saved_delay = g_inject_delay_loops.exchange(2000);
+#endif
 
   const std::vector<int> cpus = stress::test_cpus(2);
   const std::vector<int> saved = stress::allowed_cpus();
@@ -331,6 +335,9 @@ void run_contention(const char* name) {
   }
   stress::restore_default(kSignal);
   g_state = nullptr;
+#if defined(PERCPU_INJECT_DELAYS)
+  g_inject_delay_loops.store(saved_delay);
+#endif
   stress::restrict_to(saved);
 
   long handler_adds = 0;
