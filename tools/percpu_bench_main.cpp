@@ -65,6 +65,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000));
   app.add_flag("--threads", opts.threads,
                "Measure on every allowed CPU at once, one pinned thread per CPU");
+  app.add_option("--clock", opts.clock,
+                 "cpu: the measuring thread's CPU time, which leaves out time other programs "
+                 "held the CPU; wall: CLOCK_MONOTONIC")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "wall"}));
   app.add_option("--only", opts.only, "Measure only these rows (comma-separated)")
       ->delimiter(',')
       ->check(CLI::IsMember(percpu::bench::only_names()));
@@ -101,6 +106,7 @@ int main(int argc, char** argv) {
   run.env = percpu::bench::gather_environment();
   run.rows = percpu::bench::measure(opts);
   run.listings = percpu::bench::disassemble_fast_paths();
+  run.on_cpu_share = percpu::bench::on_cpu_share();
   run.wall_seconds = seconds_now() - start;
 
   percpu::bench::print_text(run, stdout);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cinttypes>
 #include <condition_variable>
@@ -63,16 +64,33 @@ const std::vector<method_info> kMethods = {
     {"empty_call", "Empty call", table::arm64, percpu_bench_loop_empty_call, false, false, false},
 };
 
-double now_ns() {
+clockid_t g_clock = CLOCK_THREAD_CPUTIME_ID;
+// Both clocks over every timed loop, for the on-CPU share in the report.
+std::atomic<std::uint64_t> g_total_clock_ns{0};
+std::atomic<std::uint64_t> g_total_wall_ns{0};
+
+double read_ns(clockid_t clock) {
   timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(clock, &ts);
   return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
 }
 
+// The loop's duration on the chosen clock. The thread's CPU clock (the
+// default) leaves out the time other programs held the CPU, which on a busy
+// machine would otherwise land on whichever row happened to be running.
 double time_loop(loop_fn loop, std::uint64_t n) {
-  const double start = now_ns();
+  const double wall_start = read_ns(CLOCK_MONOTONIC);
+  const double start = read_ns(g_clock);
   loop(n);
-  return now_ns() - start;
+  const double elapsed = read_ns(g_clock) - start;
+  const double wall = read_ns(CLOCK_MONOTONIC) - wall_start;
+  g_total_clock_ns += static_cast<std::uint64_t>(elapsed);
+  g_total_wall_ns += static_cast<std::uint64_t>(wall);
+  return elapsed;
+}
+
+void use_clock(const options& opts) {
+  g_clock = opts.clock == "wall" ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID;
 }
 
 // Pins the calling thread to one CPU for its lifetime and restores the
@@ -274,7 +292,7 @@ void measure_rseq_off_child(const options& opts, measurement* row) {
   std::string out;
   const int status = run_capture(
       {self, "--calls", std::to_string(opts.calls), "--repetitions",
-       std::to_string(opts.repetitions), "--internal-child", kRseqOffRow},
+       std::to_string(opts.repetitions), "--clock", opts.clock, "--internal-child", kRseqOffRow},
       {"GLIBC_TUNABLES=" + tunables_with_rseq_off()}, false, &out);
   std::istringstream in(out);
   std::string owner;
@@ -391,7 +409,14 @@ environment gather_environment() {
   return env;
 }
 
+double on_cpu_share() {
+  const std::uint64_t wall = g_total_wall_ns.load();
+  if (wall == 0 || g_clock != CLOCK_THREAD_CPUTIME_ID) return 0;
+  return static_cast<double>(g_total_clock_ns.load()) / static_cast<double>(wall);
+}
+
 std::vector<measurement> measure(const options& opts) {
+  use_clock(opts);
   std::vector<measurement> rows;
   for (const method_info& m : kMethods) {
     const std::string key = m.where == table::arm64 ? kArm64Group : m.name;
@@ -479,6 +504,7 @@ std::vector<measurement> measure(const options& opts) {
 
 int run_child(const options& opts) {
   if (opts.child_row != kRseqOffRow) return 2;
+  use_clock(opts);
   const loop_fn loop = percpu_bench_loop_glibc_sched_getcpu;
   const std::uint64_t calls = fit_calls(loop, opts.calls);
   std::printf("%s %" PRIu64, to_string(rseq_ownership()), calls);

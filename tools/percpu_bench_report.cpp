@@ -80,6 +80,16 @@ void print_environment(const run_result& run, std::FILE* out) {
   std::fprintf(out, "   cpu_id() backend:   %s (fallback for threads without rseq: %s)\n",
                e.cpu_id_backend.c_str(), e.fallback_backend.c_str());
   std::fprintf(out, "   Date:               %s\n", e.date.c_str());
+  if (run.opts.clock == "wall") {
+    std::fprintf(out, "   Clock:              wall (CLOCK_MONOTONIC): time other programs held the "
+                      "CPU counts\n");
+  } else {
+    std::fprintf(out,
+                 "   Clock:              the measuring thread's CPU time; it was on a CPU %.0f%% "
+                 "of the wall time%s\n",
+                 100 * run.on_cpu_share,
+                 run.on_cpu_share < 0.9 ? " (a busy machine: expect noisy figures)" : "");
+  }
   std::string command;
   for (const std::string& a : run.opts.argv) command += (command.empty() ? "" : " ") + a;
   std::fprintf(out, "   Command:            %s\n", command.c_str());
@@ -416,7 +426,8 @@ bool write_json(const run_result& run, const std::string& path, std::string* err
   }
   s += "],\n  \"options\": {\"calls\": " + std::to_string(run.opts.calls) +
        ", \"repetitions\": " + std::to_string(run.opts.repetitions) +
-       ", \"threads\": " + (run.opts.threads ? "true" : "false") + "},\n";
+       ", \"threads\": " + (run.opts.threads ? "true" : "false") +
+       ", \"clock\": " + json_string(run.opts.clock) + "},\n";
   s += "  \"environment\": {\"date\": " + json_string(e.date) +
        ", \"cpu_model\": " + json_string(e.cpu_model) +
        ", \"cpus_online\": " + std::to_string(e.cpus_online) +
@@ -448,7 +459,8 @@ bool write_json(const run_result& run, const std::string& path, std::string* err
     for (std::size_t j = 0; j < d.lines.size(); ++j) s += (j ? ", " : "") + json_string(d.lines[j]);
     s += "]}";
   }
-  s += "],\n  \"wall_seconds\": " + json_number(run.wall_seconds) + "\n}\n";
+  s += "],\n  \"on_cpu_share\": " + json_number(run.on_cpu_share) +
+       ",\n  \"wall_seconds\": " + json_number(run.wall_seconds) + "\n}\n";
   const bool ok = std::fwrite(s.data(), 1, s.size(), f) == s.size();
   if (std::fclose(f) != 0 || !ok) {
     *error = "cannot write " + path + ": " + std::strerror(errno);
@@ -494,11 +506,11 @@ bool write_svg(const run_result& run, const std::string& path, std::string* erro
        "which CPU am I on? Nanoseconds per call (log scale, shorter is faster)</text>\n";
   std::snprintf(buf, sizeof(buf),
                 "<text x=\"20\" y=\"52\" font-size=\"12\" fill=\"#444\">%s, %s %s, glibc %s, %s; "
-                "median of %d repetitions, whiskers min-max%s</text>\n",
+                "median of %d repetitions, whiskers min-max, %s clock%s</text>\n",
                 xml_escape(run.env.cpu_model).c_str(), xml_escape(run.env.kernel).c_str(),
                 xml_escape(run.env.machine).c_str(), xml_escape(run.env.glibc).c_str(),
                 xml_escape(run.env.date).c_str(), run.opts.repetitions,
-                run.opts.threads ? "; every CPU at once" : "");
+                run.opts.clock == "wall" ? "wall" : "thread CPU", run.opts.threads ? "; every CPU at once" : "");
   s += buf;
   std::snprintf(buf, sizeof(buf),
                 "<text x=\"20\" y=\"70\" font-size=\"12\" fill=\"#444\">rseq owner: %s, "

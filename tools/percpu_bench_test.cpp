@@ -245,7 +245,8 @@ std::string line_starting(const std::string& text, const std::string& label) {
 TEST(PercpuBenchCli, HelpListsEveryOptionAndExitsZero) {
   const run_output r = bench({"--help"});
   EXPECT_EQ(r.status, 0);
-  for (const char* flag : {"--calls", "--repetitions", "--threads", "--only", "--json", "--svg"}) {
+  for (const char* flag :
+       {"--calls", "--repetitions", "--threads", "--clock", "--only", "--json", "--svg"}) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag << " missing from:\n" << r.out;
   }
   EXPECT_EQ(r.out.find("--internal-child"), std::string::npos) << "the child mode is internal";
@@ -282,6 +283,7 @@ INSTANTIATE_TEST_SUITE_P(
                       bad_input{{"--only", "cpu_id,nosuch"}, "nosuch"},
                       bad_input{{"stray"}, "stray"},
                       bad_input{{"--threads=maybe"}, "--threads"},
+                      bad_input{{"--clock", "sundial"}, "sundial"},
                       bad_input{{"--json", "/nonexistent-percpu-dir/out.json"}, "/nonexistent-percpu-dir"},
                       bad_input{{"--svg", "/nonexistent-percpu-dir/out.svg"}, "/nonexistent-percpu-dir"}));
 
@@ -298,12 +300,14 @@ TEST(PercpuBenchCli, OnlyMeasuresTheNamedRows) {
   EXPECT_NE(r.out.find("(not selected)"), std::string::npos);
 }
 
-TEST(PercpuBenchCli, OnlyAcceptsRepeatedAndSpaceSeparatedNames) {
-  const run_output r = bench({"--calls=1500", "--repetitions=1", "--only", "arm64", "--only=rdtscp"});
+TEST(PercpuBenchCli, OnlyAcceptsRepeatedNamesAndTheWallClock) {
+  const run_output r = bench({"--calls=1500", "--repetitions=1", "--only", "arm64", "--only=rdtscp",
+                              "--clock", "wall"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("| Before |   1500"), std::string::npos) << r.out;
   EXPECT_NE(line_starting(r.out, "RDTSCP instruction:"), "");
   EXPECT_EQ(line_starting(r.out, "percpu::cpu_id() (inline load):"), "");
+  EXPECT_NE(r.out.find("Clock:              wall"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------
