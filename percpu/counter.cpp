@@ -32,7 +32,8 @@ std::int64_t read_rseq_word(const std::intptr_t* word) {
 }
 
 // Formats `value` in decimal into `out` (at least 12 bytes); returns its end.
-char* format_int(char* out, int value) {
+// Used only by the debug-build range check.
+[[maybe_unused]] char* format_int(char* out, int value) {
   char digits[12];
   int n = 0;
   unsigned magnitude = value < 0 ? 0u - static_cast<unsigned>(value) : static_cast<unsigned>(value);
