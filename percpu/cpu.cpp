@@ -25,6 +25,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <initializer_list>
 
@@ -165,13 +166,65 @@ bool glibc_registered_rseq(std::intptr_t* area) {
   return true;
 }
 
+// The value of environment variable `name` as the process started, copied
+// into `buffer`; nullptr if unset. Start-up can run before libc has set up
+// `environ` (from .preinit_array, or an allocator called by ld.so), so when
+// environ is not there yet the kernel's copy in /proc/self/environ is read.
+const char* startup_env(const char* name, char* buffer, std::size_t size) {
+  if (environ != nullptr) {
+    const char* value = getenv(name);
+    if (value == nullptr) return nullptr;
+    std::size_t n = 0;
+    for (; value[n] != '\0' && n + 1 < size; ++n) buffer[n] = value[n];
+    buffer[n] = '\0';
+    return buffer;
+  }
+  const int saved_errno = errno;
+  const int fd = open("/proc/self/environ", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    errno = saved_errno;
+    return nullptr;
+  }
+  // Matches "name=" at the start of each NUL-terminated entry, streaming.
+  const std::size_t name_length = std::strlen(name);
+  std::size_t matched = 0;  // bytes of "name=" matched in this entry, or SIZE_MAX
+  std::size_t copied = 0;
+  bool found = false, done = false;
+  char chunk[512];
+  ssize_t n;
+  while (!done && (n = read(fd, chunk, sizeof(chunk))) > 0) {
+    for (ssize_t i = 0; i < n && !done; ++i) {
+      const char c = chunk[i];
+      if (found) {
+        if (c == '\0') done = true;
+        else if (copied + 1 < size) buffer[copied++] = c;
+      } else if (c == '\0') {
+        matched = 0;
+      } else if (matched == SIZE_MAX) {
+        continue;
+      } else if (matched < name_length) {
+        matched = c == name[matched] ? matched + 1 : SIZE_MAX;
+      } else {
+        if (c == '=') found = true;
+        else matched = SIZE_MAX;
+      }
+    }
+  }
+  close(fd);
+  errno = saved_errno;
+  if (!found) return nullptr;
+  buffer[copied] = '\0';
+  return buffer;
+}
+
 void initialize_once() {
   const unsigned long auxv_feature_size = getauxval(kAtRseqFeatureSize);
   // Kernels before 6.3 have no AT_RSEQ_FEATURE_SIZE; they fill the original 20 bytes.
   g_state.feature_size = auxv_feature_size != 0 ? static_cast<unsigned>(auxv_feature_size)
                                                 : kFeatureSizeOriginal;
 
-  const char* requested = getenv("PERCPU_BACKEND");
+  char backend_name[32];
+  const char* requested = startup_env("PERCPU_BACKEND", backend_name, sizeof(backend_name));
   if (requested != nullptr && *requested != '\0') {
     g_state.forced = parse_backend(requested);
     if (g_state.forced < 0) {

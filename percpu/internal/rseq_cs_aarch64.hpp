@@ -54,16 +54,16 @@ template <index_kind K>
 inline int rseq_cmpeqv_storev(rseq_area* area, std::intptr_t* v, std::intptr_t expect,
                               std::intptr_t newv, int index) noexcept {
   asm goto(
-      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
       ".balign 32\n\t"
       "3:\n\t"
       ".long 0x0, 0x0\n\t"
       ".quad 1f, 2f - 1f, 4f\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
       ".quad 3b\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
       ".quad 1f, %l[abort]\n\t"
       ".quad 1f, %l[cmpfail]\n\t"
       ".popsection\n\t"
@@ -94,7 +94,7 @@ inline int rseq_cmpeqv_storev(rseq_area* area, std::intptr_t* v, std::intptr_t e
 #endif
       "str %[newv], [%[v]]\n\t"
       "2:\n\t"
-      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
       ".inst " PERCPU_RSEQ_SIG_STRING "\n\t"
       "4:\n\t"
       "b %l[abort]\n\t"
@@ -128,16 +128,16 @@ cmpfail:
 template <index_kind K>
 inline int rseq_addv(rseq_area* area, std::intptr_t* v, std::intptr_t count, int index) noexcept {
   asm goto(
-      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
       ".balign 32\n\t"
       "3:\n\t"
       ".long 0x0, 0x0\n\t"
       ".quad 1f, 2f - 1f, 4f\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
       ".quad 3b\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
       ".quad 1f, %l[abort]\n\t"
       ".popsection\n\t"
       "adrp x9, 3b\n\t"
@@ -166,7 +166,7 @@ inline int rseq_addv(rseq_area* area, std::intptr_t* v, std::intptr_t count, int
 #endif
       "str x10, [%[v]]\n\t"
       "2:\n\t"
-      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
       ".inst " PERCPU_RSEQ_SIG_STRING "\n\t"
       "4:\n\t"
       "b %l[abort]\n\t"
@@ -202,16 +202,16 @@ inline int rseq_cmpeqv_trystorev_storev(rseq_area* area, std::intptr_t* v, std::
                                         std::intptr_t* v2, std::intptr_t newv2,
                                         std::intptr_t newv, int index) noexcept {
   asm goto(
-      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
       ".balign 32\n\t"
       "3:\n\t"
       ".long 0x0, 0x0\n\t"
       ".quad 1f, 2f - 1f, 4f\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
       ".quad 3b\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
       ".quad 1f, %l[abort]\n\t"
       ".quad 1f, %l[cmpfail]\n\t"
       ".popsection\n\t"
@@ -243,7 +243,7 @@ inline int rseq_cmpeqv_trystorev_storev(rseq_area* area, std::intptr_t* v, std::
 #endif
       "str %[newv], [%[v]]\n\t"
       "2:\n\t"
-      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
       ".inst " PERCPU_RSEQ_SIG_STRING "\n\t"
       "4:\n\t"
       "b %l[abort]\n\t"
@@ -284,16 +284,16 @@ template <index_kind K>
 inline int rseq_cmpnev_storeoffp_load(rseq_area* area, std::intptr_t* v, std::intptr_t expectnot,
                                       long voffp, std::intptr_t* load, int index) noexcept {
   asm goto(
-      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
       ".balign 32\n\t"
       "3:\n\t"
       ".long 0x0, 0x0\n\t"
       ".quad 1f, 2f - 1f, 4f\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
       ".quad 3b\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
       ".quad 1f, %l[abort]\n\t"
       ".quad 1f, %l[cmpfail]\n\t"
       ".popsection\n\t"
@@ -326,7 +326,7 @@ inline int rseq_cmpnev_storeoffp_load(rseq_area* area, std::intptr_t* v, std::in
 #endif
       "str x9, [%[v]]\n\t"
       "2:\n\t"
-      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
       ".inst " PERCPU_RSEQ_SIG_STRING "\n\t"
       "4:\n\t"
       "b %l[abort]\n\t"

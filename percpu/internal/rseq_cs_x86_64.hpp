@@ -50,16 +50,16 @@ template <index_kind K>
 inline int rseq_cmpeqv_storev(rseq_area* area, std::intptr_t* v, std::intptr_t expect,
                               std::intptr_t newv, int index) noexcept {
   asm goto(
-      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
       ".balign 32\n\t"
       "3:\n\t"
       ".long 0x0, 0x0\n\t"
       ".quad 1f, 2f - 1f, 4f\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
       ".quad 3b\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
       ".quad 1f, %l[abort]\n\t"
       ".quad 1f, %l[cmpfail]\n\t"
       ".popsection\n\t"
@@ -87,7 +87,7 @@ inline int rseq_cmpeqv_storev(rseq_area* area, std::intptr_t* v, std::intptr_t e
 #endif
       "movq %[newv], (%[v])\n\t"
       "2:\n\t"
-      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
       ".byte 0x0f, 0xb9, 0x3d\n\t"
       ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
       "4:\n\t"
@@ -121,16 +121,16 @@ cmpfail:
 template <index_kind K>
 inline int rseq_addv(rseq_area* area, std::intptr_t* v, std::intptr_t count, int index) noexcept {
   asm goto(
-      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
       ".balign 32\n\t"
       "3:\n\t"
       ".long 0x0, 0x0\n\t"
       ".quad 1f, 2f - 1f, 4f\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
       ".quad 3b\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
       ".quad 1f, %l[abort]\n\t"
       ".popsection\n\t"
       "leaq 3b(%%rip), %%rax\n\t"
@@ -155,7 +155,7 @@ inline int rseq_addv(rseq_area* area, std::intptr_t* v, std::intptr_t count, int
 #endif
       "addq %[count], (%[v])\n\t"
       "2:\n\t"
-      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
       ".byte 0x0f, 0xb9, 0x3d\n\t"
       ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
       "4:\n\t"
@@ -192,16 +192,16 @@ inline int rseq_cmpeqv_trystorev_storev(rseq_area* area, std::intptr_t* v, std::
                                         std::intptr_t* v2, std::intptr_t newv2,
                                         std::intptr_t newv, int index) noexcept {
   asm goto(
-      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
       ".balign 32\n\t"
       "3:\n\t"
       ".long 0x0, 0x0\n\t"
       ".quad 1f, 2f - 1f, 4f\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
       ".quad 3b\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
       ".quad 1f, %l[abort]\n\t"
       ".quad 1f, %l[cmpfail]\n\t"
       ".popsection\n\t"
@@ -230,7 +230,7 @@ inline int rseq_cmpeqv_trystorev_storev(rseq_area* area, std::intptr_t* v, std::
 #endif
       "movq %[newv], (%[v])\n\t"
       "2:\n\t"
-      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
       ".byte 0x0f, 0xb9, 0x3d\n\t"
       ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
       "4:\n\t"
@@ -272,16 +272,16 @@ template <index_kind K>
 inline int rseq_cmpnev_storeoffp_load(rseq_area* area, std::intptr_t* v, std::intptr_t expectnot,
                                       long voffp, std::intptr_t* load, int index) noexcept {
   asm goto(
-      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
       ".balign 32\n\t"
       "3:\n\t"
       ".long 0x0, 0x0\n\t"
       ".quad 1f, 2f - 1f, 4f\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
       ".quad 3b\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
       ".quad 1f, %l[abort]\n\t"
       ".quad 1f, %l[cmpfail]\n\t"
       ".popsection\n\t"
@@ -312,7 +312,7 @@ inline int rseq_cmpnev_storeoffp_load(rseq_area* area, std::intptr_t* v, std::in
 #endif
       "movq %%rax, (%[v])\n\t"
       "2:\n\t"
-      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
       ".byte 0x0f, 0xb9, 0x3d\n\t"
       ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
       "4:\n\t"

@@ -29,16 +29,16 @@ inline int rseq_cmpeqv_cmpeqv_storev(rseq_area* area, std::intptr_t* v, std::int
                                      std::intptr_t* v2, std::intptr_t expect2,
                                      std::intptr_t newv, int index) noexcept {
   asm goto(
-      ".pushsection __rseq_cs, \"aw\"\n\t"
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
       ".balign 32\n\t"
       "3:\n\t"
       ".long 0x0, 0x0\n\t"
       ".quad 1f, 2f - 1f, 4f\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_cs_ptr_array, \"aw\"\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
       ".quad 3b\n\t"
       ".popsection\n\t"
-      ".pushsection __rseq_exit_point_array, \"aw\"\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
       ".quad 1f, %l[abort]\n\t"
       ".quad 1f, %l[cmpfail]\n\t"
       ".popsection\n\t"
@@ -72,7 +72,7 @@ inline int rseq_cmpeqv_cmpeqv_storev(rseq_area* area, std::intptr_t* v, std::int
 #endif
       "str %[newv], [%[v]]\n\t"
       "2:\n\t"
-      ".pushsection __rseq_failure, \"ax\"\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
       ".inst " PERCPU_RSEQ_SIG_STRING "\n\t"
       "4:\n\t"
       "b %l[abort]\n\t"
