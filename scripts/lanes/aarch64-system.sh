@@ -22,9 +22,9 @@
 #   AARCH64_SYSTEM_BUILD_DIR  build directory (default: build-aarch64-system)
 #   AARCH64_SYSTEM_INCLUDE    regex of ctest names to run (default: all)
 #   AARCH64_SYSTEM_EXCLUDE    regex of ctest names not to run (default: none)
-#   AARCH64_STRESS_SCALE      PERCPU_STRESS_SCALE for the build and the runs (default: 1)
+#   AARCH64_STRESS_SCALE      PERCPU_STRESS_SCALE for the build and the runs (default: 0.5)
 #   AARCH64_SYSTEM_TIMEOUT    seconds the whole VM may take (default: 900)
-#   AARCH64_TIMEOUT_FACTOR    multiplies each test's ctest TIMEOUT in the VM (default: 3)
+#   AARCH64_TIMEOUT_FACTOR    multiplies each test's ctest TIMEOUT in the VM (default: 1)
 #   AARCH64_KERNEL_PACKAGE    the kernel .deb to boot (default: what
 #                             linux-image-cloud-arm64 depends on, -unsigned)
 #   AARCH64_QEMU_CPU          qemu -cpu model (default: cortex-a57)
@@ -37,9 +37,9 @@ REQUIRED_TESTS=(cpu_test percpu_c_test)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=${AARCH64_SYSTEM_BUILD_DIR:-$REPO/build-aarch64-system}
 case $BUILD in /*) ;; *) BUILD=$REPO/$BUILD ;; esac
-STRESS_SCALE=${AARCH64_STRESS_SCALE:-1}
+STRESS_SCALE=${AARCH64_STRESS_SCALE:-0.5}
 VM_TIMEOUT=${AARCH64_SYSTEM_TIMEOUT:-900}
-TIMEOUT_FACTOR=${AARCH64_TIMEOUT_FACTOR:-3}
+TIMEOUT_FACTOR=${AARCH64_TIMEOUT_FACTOR:-1}
 QEMU_CPU=${AARCH64_QEMU_CPU:-cortex-a57}
 LANE=aarch64-system
 lane_start=$(date +%s)
@@ -103,6 +103,7 @@ say "kernel: $(basename "$deb")"
 
 # --- Static aarch64 test binaries ----------------------------------------
 build_start=$(date +%s)
+mkdir -p "$BUILD"
 cmake -S "$REPO" -B "$BUILD" -G Ninja \
   -DCMAKE_TOOLCHAIN_FILE="$REPO/cmake/toolchains/aarch64-linux-gnu.cmake" \
   -DCMAKE_BUILD_TYPE=Release -DPERCPU_KEEP_ASSERTS=ON \
@@ -149,7 +150,8 @@ timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-aarch64 -M virt -cpu "$QEMU_CP
   -display none -no-reboot -monitor none -serial stdio \
   -kernel "$KERNEL" -initrd "$BUILD/initramfs.cpio.gz" \
   -append "console=ttyAMA0 panic=-1 loglevel=4 rdinit=/init" </dev/null 2>&1 |
-  tr -d '\r' | tee "$LOG"
+  tr -d '\r' | tee "$LOG" |
+  grep --line-buffered -E '^aarch64-system: |percpu test mode:|^\[  FAILED  \]|Kernel panic'
 qemu_rc=${PIPESTATUS[0]}
 set -e
 vm_secs=$(($(date +%s) - vm_start))
@@ -189,6 +191,12 @@ grep -E '^aarch64-system: (PASS|FAIL) ' "$LOG" | sed "s/^aarch64-system: /[$LANE
 say "${summary#aarch64-system: }"
 say "wall time: build+pack ${build_secs}s, VM ${vm_secs}s, lane $(($(date +%s) - lane_start))s"
 if ((${#problems[@]})); then
+  # The whole output of every failed run, then the reasons.
+  for name in $(sed -n 's/^aarch64-system: FAIL \([^ ]*\) .*/\1/p' "$LOG"); do
+    echo "[$LANE] ---- output of $name ----" >&2
+    awk -v n="$name" '$0=="aarch64-system: RUN "n{p=1} p{print} p&&index($0,"aarch64-system: FAIL "n" ")==1{exit}' "$LOG" |
+      tail -n 150 >&2
+  done
   for p in "${problems[@]}"; do echo "[$LANE] FAILED: $p" >&2; done
   echo "[$LANE] serial log: $LOG" >&2
   exit 1
