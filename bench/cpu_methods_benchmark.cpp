@@ -6,7 +6,7 @@
 // percpu_bench_loops.cpp) in batches, so the two tools measure the same code;
 // the "per_call" counter is the figure to compare with percpu-bench.
 //
-//   bench/cpu_methods_benchmark --benchmark_format=json --benchmark_repetitions=5
+//   bench/cpu_methods_benchmark --benchmark_format=json --benchmark_repetitions=N
 
 #include <benchmark/benchmark.h>
 
@@ -25,7 +25,7 @@ constexpr std::uint64_t kBatch = 1000;
 void run_batches(benchmark::State& state, percpu::bench::loop_fn loop) {
   for (auto _ : state) loop(kBatch);
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kBatch));
-  // Seconds per call of one thread (shown with an SI prefix, e.g. "0.3ns").
+  // Seconds per call of one thread, shown with an SI prefix (ns, ps).
   state.counters["per_call"] = benchmark::Counter(
       static_cast<double>(kBatch), benchmark::Counter::kIsIterationInvariantRate |
                                        benchmark::Counter::kAvgThreads |

@@ -33,7 +33,7 @@ struct method_info {
 
 // Every row, in printed order.
 const std::vector<method_info>& methods();
-// The names --only accepts: every glibc-table row, plus "arm64" for the three
+// The names --only accepts: every glibc-table row, plus "arm64" for all the
 // rows of the arm64 table.
 std::vector<std::string> only_names();
 constexpr const char* kArm64Group = "arm64";

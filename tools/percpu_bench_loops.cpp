@@ -26,7 +26,7 @@
 // heads the same way (-falign-loops, see tools/CMakeLists.txt): a loop body
 // that happens to straddle a fetch-block boundary can take a cycle more per
 // iteration, and that placement luck would otherwise differ from row to row
-// and from build to build. Section 4 of the output shows the result.
+// and from build to build. The tool's disassembly section shows the result.
 #if defined(__clang__)
 #define PERCPU_BENCH_OPAQUE __attribute__((noinline, used, aligned(64)))
 #else

@@ -3,7 +3,7 @@
 // Each loop makes `n` calls of its method and keeps every result alive in a
 // register, so the compiler can neither drop nor merge the calls, and adds no
 // memory traffic of its own. The functions have C names so that the tool can
-// find and disassemble them in its own binary (section 4 of its output).
+// find and disassemble them in its own binary (its disassembly section).
 //
 // The loops may run on every CPU at once. The vDSO loop must only run where
 // percpu::internal::vdso_getcpu_function() is non-null, the RDPID loop where

@@ -1,6 +1,6 @@
 // percpu-bench's command line. Parsing is CLI11's; a bad flag or value gets a
-// one-line error plus the usage on stderr and exit status 2, and is caught
-// before any measuring starts, so nothing is lost to a typo.
+// one-line error plus the usage on stderr and the usage-error exit status,
+// and is caught before any measuring starts, so nothing is lost to a typo.
 
 #include <unistd.h>
 
