@@ -29,7 +29,7 @@ describe() {
     aarch64-user) echo "aarch64 cross build under qemu-user (fallback paths)" ;;
     aarch64-system) echo "aarch64 static tests in an initramfs on Debian's arm64 kernel, qemu-system -smp 2 (real rseq)" ;;
     warnings) echo "-Wall -Wextra -Werror with g++ and clang (done by default/clang), and percpu.h compiled as C" ;;
-    consumer) echo "install percpu, then build a consumer with find_package and with pkg-config" ;;
+    consumer) echo "install the shared library and build a consumer with find_package and pkg-config; aarch64 cross install" ;;
   esac
 }
 
@@ -152,7 +152,23 @@ int main(void) { return percpu_cpu_id() < 0; }' |
   return $status
 }
 
-lane_consumer() { "$root/tests/consumer/run.sh" "$B"; }
+lane_consumer() {
+  # The static build's consumers run in the default lane's ctest; here the
+  # shared library, then a library-only cross build for aarch64 that must
+  # need nothing but the cross compiler and CMake.
+  echo "--- consumer: shared library"
+  "$root/tests/consumer/run.sh" "$root" -DBUILD_SHARED_LIBS=ON || return 1
+  echo "--- consumer: aarch64 cross build and install, BUILD_TESTING=OFF, PERCPU_BUILD_TOOLS=OFF"
+  cmake -S "$root" -B "$B/aarch64" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF \
+    -DPERCPU_BUILD_TOOLS=OFF -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 \
+    -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ \
+    -DCMAKE_INSTALL_PREFIX="$B/aarch64/prefix" >"$B.aarch64.log" 2>&1 &&
+    cmake --build "$B/aarch64" -j "$jobs" >>"$B.aarch64.log" 2>&1 &&
+    cmake --install "$B/aarch64" >>"$B.aarch64.log" 2>&1 || { tail -30 "$B.aarch64.log"; return 1; }
+  aarch64-linux-gnu-objdump -f "$B/aarch64/prefix/lib/libpercpu.a" | grep -q 'aarch64' &&
+    ls "$B/aarch64/prefix/lib/cmake/percpu/percpuConfig.cmake" "$B/aarch64/prefix/include/percpu/cpu.hpp" &&
+    echo "aarch64 install: ok"
+}
 
 mkdir -p "$root/build/lanes"
 summary=()
