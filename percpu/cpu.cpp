@@ -295,6 +295,10 @@ bool register_this_thread() noexcept {
   registration = thread_registration::trying;
   std::atomic_signal_fence(std::memory_order_seq_cst);
   const int saved_errno = errno;
+  // The original 32-byte length needs only 32-byte alignment and every kernel
+  // accepts it, whatever AT_RSEQ_FEATURE_SIZE and AT_RSEQ_ALIGN say; the
+  // fields percpu reads (up to mm_cid) all lie inside it. A longer
+  // registration would only expose fields percpu does not use.
   const long rc = syscall(SYS_rseq, &own_area, kRegisteredLength, 0, kRseqSignature);
   const int error = rc == 0 ? 0 : errno;
   errno = saved_errno;
