@@ -33,6 +33,14 @@
 #include "percpu/internal/registration.hpp"
 #include "percpu/internal/rseq_abi.hpp"
 
+// glibc 2.35+ defines these; weak, so linking works against any glibc and a
+// missing definition reads as a null address. (In a dynamic link the version
+// reference they create is weak too: the library still loads on older glibc.)
+extern "C" {
+extern const unsigned int __rseq_size __attribute__((weak));
+extern const std::ptrdiff_t __rseq_offset __attribute__((weak));
+}
+
 namespace percpu {
 namespace internal {
 
@@ -159,8 +167,15 @@ void aim_at_fallback() {
 }
 
 bool glibc_registered_rseq(std::intptr_t* area) {
+  // Dynamic programs: ask the loader, so nothing here needs GLIBC_2.35.
   const auto* size = static_cast<const unsigned*>(dlsym(RTLD_DEFAULT, "__rseq_size"));
   const auto* offset = static_cast<const std::ptrdiff_t*>(dlsym(RTLD_DEFAULT, "__rseq_offset"));
+  // Static programs have no dynamic symbol table to ask; there the weak
+  // references resolve at link time, to glibc's variables or to null.
+  if (size == nullptr || offset == nullptr) {
+    size = &__rseq_size != nullptr ? &__rseq_size : nullptr;
+    offset = &__rseq_offset != nullptr ? &__rseq_offset : nullptr;
+  }
   if (size == nullptr || offset == nullptr || *size == 0) return false;
   *area = *offset;
   return true;
