@@ -136,8 +136,12 @@ lane_seams() {
   return $status
 }
 
-lane_aarch64-user() { "$root/scripts/lanes/aarch64-user.sh" "$B"; }
-lane_aarch64-system() { "$root/scripts/lanes/aarch64-system.sh" "$B"; }
+lane_aarch64-user() {
+  (cd "$root" && AARCH64_USER_BUILD_DIR="$B" scripts/lanes/aarch64-user.sh)
+}
+lane_aarch64-system() {
+  (cd "$root" && AARCH64_SYSTEM_BUILD_DIR="$B" scripts/lanes/aarch64-system.sh)
+}
 
 lane_warnings() {
   # The C header must compile as strict C on its own, with both compilers.
