@@ -87,17 +87,20 @@ struct json {
   double num = 0;
   std::string str;
   std::vector<json> items;
-  std::vector<std::pair<std::string, json>> fields;
+  // An object's members, in order. Two parallel vectors rather than pairs:
+  // std::pair may not hold the still-incomplete json (clang, C++20).
+  std::vector<std::string> keys;
+  std::vector<json> values;
 
   bool has(const std::string& key) const {
-    for (const auto& f : fields) {
-      if (f.first == key) return true;
+    for (const auto& k : keys) {
+      if (k == key) return true;
     }
     return false;
   }
   const json& operator[](const std::string& key) const {
-    for (const auto& f : fields) {
-      if (f.first == key) return f.second;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] == key) return values[i];
     }
     ADD_FAILURE() << "missing JSON key " << key;
     static const json missing;
@@ -174,7 +177,8 @@ class json_reader {
         if (pos_ >= s_.size() || s_[pos_++] != ':') return false;
         json v;
         if (!value(&v)) return false;
-        out->fields.emplace_back(key, v);
+        out->keys.push_back(key);
+        out->values.push_back(v);
         space();
         if (pos_ >= s_.size()) return false;
         if (s_[pos_] == ',') { ++pos_; continue; }
