@@ -301,12 +301,23 @@ bool ensure_initialized() noexcept {
 
 namespace {
 
-// Registers the calling thread's own area. Re-entrant from a signal handler:
-// a handler that interrupts an attempt sees `trying` and uses the fallback.
+// Registers the calling thread's own area. Re-entrant from a signal handler,
+// which may interrupt an attempt at any instruction. A handler that finds
+// `trying` makes an attempt of its own instead of going without rseq: the
+// thread is about to be registered, and a handler told "no rseq" here would
+// be the only code on a working kernel that never gets an area (glibc, which
+// registers before the thread runs, never shows such a gap). Both orders end
+// registered:
+//   - the handler runs before the thread's system call: the handler's call
+//     registers the area, and the thread's call then fails with EBUSY while
+//     the area is live, which counts as success below;
+//   - the handler runs after it: the kernel filled cpu_id on the way back to
+//     user space, so ensure_registered() answers before calling here.
+// A failure is final, and the same for every attempt on this thread.
 bool register_this_thread() noexcept {
-  if (registration != thread_registration::untried) {
-    return registration == thread_registration::registered;
-  }
+  const thread_registration state = registration;
+  if (state == thread_registration::registered) return true;
+  if (state == thread_registration::failed) return false;
   registration = thread_registration::trying;
   std::atomic_signal_fence(std::memory_order_seq_cst);
   const int saved_errno = errno;
@@ -319,7 +330,8 @@ bool register_this_thread() noexcept {
   errno = saved_errno;
   std::atomic_signal_fence(std::memory_order_seq_cst);
 
-  // EBUSY with our area live means a signal handler registered it meanwhile.
+  // EBUSY with our area live means a signal handler that interrupted this
+  // attempt registered the area first.
   const bool ok = error == 0 || (error == EBUSY && own_area.cpu_id >= 0);
   registration_error = ok ? 0 : error;
   registration = ok ? thread_registration::registered : thread_registration::failed;
