@@ -1,7 +1,8 @@
 /* /init of the aarch64-system lane's initramfs (scripts/lanes/aarch64-system.sh).
  *
  * Runs as PID 1 of a Debian arm64 kernel booted by qemu-system-aarch64. It
- *   1. mounts proc, sysfs, devtmpfs, devpts and a tmpfs on /tmp;
+ *   1. mounts proc, sysfs, devtmpfs and devpts (/tmp is part of the writable
+ *      initramfs root);
  *   2. prints the kernel version, the CPUs online and the auxiliary vector's
  *      rseq fields;
  *   3. proves rseq works in this kernel: glibc registered its area for this
@@ -338,7 +339,9 @@ int main(int argc, char** argv) {
     mount_or_say("sysfs", "/sys", "sysfs");
     mount_or_say("devtmpfs", "/dev", "devtmpfs");
     mount_or_say("devpts", "/dev/pts", "devpts");
-    mount_or_say("tmpfs", "/tmp", "tmpfs");
+    /* No tmpfs on /tmp: the initramfs root is already writable memory, and
+       the test binaries may live under /tmp (the host's build directory is
+       mirrored into the image path for path). */
     /* A test that crashes the console must not take init down with it. */
     signal(SIGHUP, SIG_IGN);
     signal(SIGPIPE, SIG_IGN);
