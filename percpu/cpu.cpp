@@ -277,9 +277,6 @@ void initialize_once() {
   (void)max_cpus();  // read /sys now, not later in a signal handler
 }
 
-// 0: not started, 1: running, 2: done.
-std::atomic<int> g_init_state{0};
-
 __attribute__((constructor(101))) void initialize_at_load() { (void)ensure_initialized(); }
 
 }  // namespace
@@ -288,15 +285,16 @@ __attribute__((constructor(101))) void initialize_at_load() { (void)ensure_initi
 // (another library's constructor, an allocator called during start-up) gets
 // here through a slow path or the C API; a caller that interrupts the
 // initialisation itself (a signal handler) is told to use the system call.
-bool ensure_initialized() noexcept {
-  if (__builtin_expect(g_init_state.load(std::memory_order_acquire) == 2, 1)) return true;
-  int expected = 0;
-  if (g_init_state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+std::atomic<int> g_init_state{kInitNotStarted};
+
+bool initialize_now() noexcept {
+  int expected = kInitNotStarted;
+  if (g_init_state.compare_exchange_strong(expected, kInitRunning, std::memory_order_acq_rel)) {
     initialize_once();
-    g_init_state.store(2, std::memory_order_release);
+    g_init_state.store(kInitDone, std::memory_order_release);
     return true;
   }
-  return g_init_state.load(std::memory_order_acquire) == 2;
+  return g_init_state.load(std::memory_order_acquire) == kInitDone;
 }
 
 namespace {

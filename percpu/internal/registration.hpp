@@ -4,6 +4,8 @@
 // is a test seam: call it while no other thread uses percpu.
 #pragma once
 
+#include <atomic>
+
 #include "percpu/cpu.hpp"
 #include "percpu/internal/rseq_abi.hpp"
 
@@ -15,7 +17,13 @@ namespace internal {
 // start-up). False only while another caller is in the middle of it; the
 // caller then answers from the system call. The inline fast paths do not
 // check this: before start-up they must not be used.
-bool ensure_initialized() noexcept;
+constexpr int kInitNotStarted = 0, kInitRunning = 1, kInitDone = 2;
+extern std::atomic<int> g_init_state;
+bool initialize_now() noexcept;
+inline bool ensure_initialized() noexcept {
+  if (__builtin_expect(g_init_state.load(std::memory_order_acquire) == kInitDone, 1)) return true;
+  return initialize_now();
+}
 
 // The calling thread's serving rseq area if the kernel keeps it current (the
 // thread is registered, by glibc or by percpu), registering it first if due;
