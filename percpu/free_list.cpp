@@ -106,20 +106,8 @@ free_list_node* free_list::pop_locked(int cpu, int batch, free_list_node** rest_
 // Puts first..last on the calling CPU's list (one section for the whole
 // chain), or on the overflow stack when that is not possible now.
 void free_list::push_chain_home(free_list_node* first, free_list_node* last) noexcept {
-  using internal::index_kind;
   if (internal::rseq_area* area = internal::section_area()) {
-    for (int tries = 0; tries < kSectionTries; ++tries) {
-      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
-      std::intptr_t* head = &slots_[cpu].head;
-      const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
-      if (expect == internal::kSlotLocked) break;
-      last->next = reinterpret_cast<free_list_node*>(expect);
-      if (internal::rseq_cmpeqv_storev<index_kind::cpu_id>(
-              area, head, expect, reinterpret_cast<std::intptr_t>(first), cpu) == 0) {
-        return;
-      }
-    }
+    if (internal::push_local_chain(area, slots_, slot_count_, first, last)) return;
   } else {
     const int cpu = cpu_id() % slot_count_;
     std::intptr_t head = 0;

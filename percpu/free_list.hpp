@@ -43,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "percpu/internal/cpu_list.hpp"
 #include "percpu/internal/rseq_cs.hpp"
 #include "percpu/internal/slot_lock.hpp"
 
@@ -82,7 +83,6 @@ class free_list final : private internal::fork_participant {
 
  private:
   using slot = internal::cpu_slot;
-  static constexpr int kSectionTries = 16;
   static constexpr int kStealBatch = 16;
 
   std::intptr_t end() const noexcept { return reinterpret_cast<std::intptr_t>(&end_); }
@@ -105,67 +105,37 @@ class free_list final : private internal::fork_participant {
 };
 
 inline void free_list::push(free_list_node* node) noexcept {
-  using internal::index_kind;
   internal::rseq_area* area = internal::section_area();
-  if (__builtin_expect(area != nullptr, 1)) {
-    for (int tries = 0; tries < kSectionTries; ++tries) {
-      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
-      std::intptr_t* head = &slots_[cpu].head;
-      const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
-      if (expect == internal::kSlotLocked) break;
-      node->next = reinterpret_cast<free_list_node*>(expect);
-      if (internal::rseq_cmpeqv_storev<index_kind::cpu_id>(
-              area, head, expect, reinterpret_cast<std::intptr_t>(node), cpu) == 0) {
-        return;
-      }
-    }
+  if (__builtin_expect(area != nullptr, 1) &&
+      __builtin_expect(internal::push_local_chain(area, slots_, slot_count_, node, node), 1)) {
+    return;
   }
   push_slow(node);
 }
 
 inline free_list_node* free_list::try_pop_local() noexcept {
-  using internal::index_kind;
   internal::rseq_area* area = internal::section_area();
-  if (__builtin_expect(area != nullptr, 1)) {
-    for (int tries = 0; tries < kSectionTries; ++tries) {
-      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
-      std::intptr_t popped = 0;
-      const int rc = internal::rseq_cmpnev_storeoffp_load<index_kind::cpu_id>(
-          area, &slots_[cpu].head, internal::kSlotLocked, offsetof(free_list_node, next),
-          &popped, cpu);
-      if (rc == 0) {
-        if (popped != end()) return reinterpret_cast<free_list_node*>(popped);
-        return nullptr;  // empty
-      }
-      if (rc == 1) break;  // locked by another thread
-    }
+  std::intptr_t popped = 0;
+  if (__builtin_expect(area != nullptr, 1) &&
+      __builtin_expect(internal::pop_local_head(area, slots_, slot_count_,
+                                                offsetof(free_list_node, next), &popped),
+                       1)) {
+    return popped != end() ? reinterpret_cast<free_list_node*>(popped) : nullptr;
   }
   return pop_slow(true);
 }
 
 inline free_list_node* free_list::pop() noexcept {
-  using internal::index_kind;
   internal::rseq_area* area = internal::section_area();
-  if (__builtin_expect(area != nullptr, 1)) {
-    for (int tries = 0; tries < kSectionTries; ++tries) {
-      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
-      std::intptr_t popped = 0;
-      const int rc = internal::rseq_cmpnev_storeoffp_load<index_kind::cpu_id>(
-          area, &slots_[cpu].head, internal::kSlotLocked, offsetof(free_list_node, next),
-          &popped, cpu);
-      if (rc == 0) {
-        if (__builtin_expect(popped != end(), 1)) {
-          return reinterpret_cast<free_list_node*>(popped);
-        }
-        break;  // empty: look elsewhere
-      }
-      if (rc == 1) break;  // locked by another thread
-    }
+  std::intptr_t popped = 0;
+  if (__builtin_expect(area != nullptr, 1) &&
+      __builtin_expect(internal::pop_local_head(area, slots_, slot_count_,
+                                                offsetof(free_list_node, next), &popped),
+                       1) &&
+      __builtin_expect(popped != end(), 1)) {
+    return reinterpret_cast<free_list_node*>(popped);
   }
-  return pop_slow(false);
+  return pop_slow(false);  // empty here, or this CPU's list is unavailable
 }
 
 }  // namespace percpu

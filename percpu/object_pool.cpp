@@ -280,7 +280,7 @@ bool object_pool::push_chain_home(node* first, node* last, std::intptr_t count) 
     for (node* x = first; x != nullptr && depth > below; x = x->next) x->depth = depth--;
   };
   if (internal::rseq_area* area = internal::section_area()) {
-    for (int tries = 0; tries < kSectionTries; ++tries) {
+    for (int tries = 0; tries < internal::kListSectionTries; ++tries) {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
       if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) return false;
       std::intptr_t* head = &slots_[cpu].head;
@@ -394,7 +394,7 @@ void object_pool::deallocate_slow(node* n) noexcept {
     std::intptr_t count = 1;
     n->next = nullptr;
     int failures = 0;
-    while (count <= batch_ && failures < kSectionTries) {
+    while (count <= batch_ && failures < internal::kListSectionTries) {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
       if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
       std::intptr_t popped = 0;

@@ -46,6 +46,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "percpu/internal/cpu_list.hpp"
 #include "percpu/internal/rseq_cs.hpp"
 #include "percpu/internal/rseq_list.hpp"
 #include "percpu/internal/slot_lock.hpp"
@@ -108,7 +109,6 @@ class object_pool final : private internal::fork_participant {
   };
   struct chunk;
   using slot = internal::cpu_slot;
-  static constexpr int kSectionTries = 16;
 
   std::intptr_t end() const noexcept { return reinterpret_cast<std::intptr_t>(&end_); }
   static std::intptr_t depth_of(std::intptr_t head) noexcept {
@@ -157,25 +157,18 @@ class object_pool final : private internal::fork_participant {
 };
 
 inline void* object_pool::allocate() noexcept {
-  using internal::index_kind;
   internal::rseq_area* area = internal::section_area();
-  if (__builtin_expect(area != nullptr, 1)) {
-    for (int tries = 0; tries < kSectionTries; ++tries) {
-      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
-      std::intptr_t popped = 0;
-      const int rc = internal::rseq_cmpnev_storeoffp_load<index_kind::cpu_id>(
-          area, &slots_[cpu].head, internal::kSlotLocked, offsetof(node, next), &popped, cpu);
-      if (rc == 0) {
-        if (__builtin_expect(popped == end(), 0)) break;  // empty: refill
-        void* p = reinterpret_cast<void*>(popped);
-        if (__builtin_expect(checks_, 0)) check_allocate(p);
-        return p;
-      }
-      if (rc == 1) break;  // locked by trim or a thread without rseq
-    }
+  std::intptr_t popped = 0;
+  if (__builtin_expect(area != nullptr, 1) &&
+      __builtin_expect(internal::pop_local_head(area, slots_, slot_count_, offsetof(node, next),
+                                                &popped),
+                       1) &&
+      __builtin_expect(popped != end(), 1)) {
+    void* p = reinterpret_cast<void*>(popped);
+    if (__builtin_expect(checks_, 0)) check_allocate(p);
+    return p;
   }
-  return allocate_slow();
+  return allocate_slow();  // empty (refill from the depot), locked, or no rseq
 }
 
 inline void object_pool::deallocate(void* p) noexcept {
@@ -185,7 +178,7 @@ inline void object_pool::deallocate(void* p) noexcept {
   node* n = static_cast<node*>(p);
   internal::rseq_area* area = internal::section_area();
   if (__builtin_expect(area != nullptr, 1)) {
-    for (int tries = 0; tries < kSectionTries; ++tries) {
+    for (int tries = 0; tries < internal::kListSectionTries; ++tries) {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
       if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
       std::intptr_t* head = &slots_[cpu].head;
