@@ -6,7 +6,12 @@
 #include "percpu/counter.hpp"
 
 #include <gtest/gtest.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 
 #include <atomic>
 #include <chrono>
@@ -207,6 +212,68 @@ TEST(CounterStressTest, ThreadChurn) {
   long expected = 0;
   for (long n = 0; n < threads; ++n) expected += 500 * (n % 2 == 0 ? 1 : 3);
   EXPECT_EQ(c.load(), expected);
+}
+
+// Makes rseq(2) fail with EPERM for the calling thread only (a seccomp filter
+// installed without TSYNC binds just this thread). In own-registration mode
+// such a thread cannot register and adds through the atomic word, while its
+// neighbours add through rseq sections: the two paths on the same slots.
+bool deny_rseq_for_this_thread() {
+#if defined(__x86_64__)
+  constexpr unsigned kArch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+  constexpr unsigned kArch = AUDIT_ARCH_AARCH64;
+#endif
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kArch, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_rseq, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program = {static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
+}
+
+TEST(CounterStressTest, RseqAndFallbackThreadsOnTheSameSlots) {
+  counter c;
+  const std::vector<int> cpus = stress::test_cpus(2);
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to(cpus));
+  std::atomic<long> added{0};
+  std::atomic<int> on_rseq{0}, on_fallback{0}, filter_failures{0};
+  {
+    stress::worker_group workers(kWorkers, [&](int w, const stress::stop_flag& stop) {
+      // Before this thread's first use of percpu, so it never registers.
+      if (w % 2 == 1 && !deny_rseq_for_this_thread()) filter_failures++;
+      c.add(1);
+      (backend() == cpu_backend::rseq ? on_rseq : on_fallback)++;
+      long mine = 1;
+      while (!stop) {
+        for (int i = 0; i < 64; ++i) c.add(w % 3 == 0 ? -1 : 2);
+        mine += 64 * (w % 3 == 0 ? -1 : 2);
+      }
+      added.fetch_add(mine);
+    });
+    stress::affinity_flipper flipper(workers, cpus, std::chrono::microseconds(300));
+    stress::sleep_scaled(std::chrono::milliseconds(600));
+    flipper.stop();
+    workers.stop_and_join();
+  }
+  stress::restrict_to(saved);
+  std::printf("workers on rseq: %d, on the fallback: %d\n", on_rseq.load(), on_fallback.load());
+  EXPECT_EQ(filter_failures.load(), 0);
+  EXPECT_EQ(c.load(), added.load());
+  expect_slots_sum_to_load(c);
+  if (rseq_ownership() == rseq_owner::percpu) {
+    // The mix this test exists for: only percpu's own registration can be
+    // refused per thread (glibc registered every thread before it ran).
+    EXPECT_EQ(on_rseq.load(), kWorkers / 2);
+    EXPECT_EQ(on_fallback.load(), kWorkers / 2);
+  }
 }
 
 // The parent's workers keep adding while the main thread forks; the child
