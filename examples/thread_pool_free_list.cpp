@@ -2,28 +2,25 @@
 //
 // A pool runs many small tasks. Allocating each task with new/delete, or
 // recycling them through one shared free list, makes every worker contend on
-// one lock or one cache line. Here finished tasks go back to a free list of
+// one lock or one cache line. Here finished tasks go back to the free list of
 // the CPU the worker runs on, and new tasks are taken from the submitting
 // thread's CPU, so recycling stays CPU-local.
 //
-// The CPU id is a hint: the thread may move right after reading it. So each
-// per-CPU list has its own small lock, and the id only picks which one. A
-// list may see a push from one CPU and a pop from another; the lock keeps it
-// correct, the id keeps that rare.
-//
-// percpu::free_list (percpu/free_list.hpp) does the same without locks, with
-// rseq critical sections; this example keeps to percpu::cpu_id() so that it
-// shows the pattern in a few lines.
+// percpu::free_list does the per-CPU part: push and pop are rseq critical
+// sections on the calling CPU's list, with no lock and no atomic instruction.
+// A thread that moved to another CPU mid-way simply restarts on the new one,
+// so the CPU id needs no protection of its own here. When the local list is
+// empty, pop() takes from other CPUs' lists before giving up.
 //
 // Build against an installed percpu:
 //   g++ -std=c++17 thread_pool_free_list.cpp $(pkg-config --cflags --libs percpu)
-#include <percpu/cpu.hpp>
+#include <percpu/free_list.hpp>
 
 #include <atomic>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdio>
 #include <deque>
-#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -32,53 +29,40 @@ namespace {
 
 struct task {
   long input = 0;
-  task* next_free = nullptr;  // link while on a free list
+  percpu::free_list_node link;  // used while the task is on a free list
 };
 
-// One LIFO stack of recycled tasks per possible CPU.
-class per_cpu_free_list {
+task* task_of(percpu::free_list_node* node) {
+  return reinterpret_cast<task*>(reinterpret_cast<char*>(node) - offsetof(task, link));
+}
+
+// Recycled tasks, on a list per possible CPU.
+class task_recycler {
  public:
-  per_cpu_free_list() : lists_(std::make_unique<list[]>(static_cast<size_t>(percpu::max_cpus()))) {}
-  ~per_cpu_free_list() {
-    for (int i = 0; i < percpu::max_cpus(); ++i) {
-      for (task* t = lists_[static_cast<size_t>(i)].head; t != nullptr;) {
-        task* next = t->next_free;
-        delete t;
-        t = next;
-      }
+  ~task_recycler() {
+    for (percpu::free_list_node* n = free_.take_all(); n != nullptr;) {
+      percpu::free_list_node* next = n->next;
+      delete task_of(n);
+      n = next;
     }
   }
 
   task* get() {
-    list& l = lists_[static_cast<size_t>(percpu::cpu_id())];
-    {
-      std::lock_guard<std::mutex> lock(l.mutex);
-      if (task* t = l.head) {
-        l.head = t->next_free;
-        reused.fetch_add(1, std::memory_order_relaxed);
-        return t;
-      }
+    if (percpu::free_list_node* n = free_.pop()) {
+      reused.fetch_add(1, std::memory_order_relaxed);
+      return task_of(n);
     }
     allocated.fetch_add(1, std::memory_order_relaxed);
     return new task;
   }
 
-  void put(task* t) {
-    list& l = lists_[static_cast<size_t>(percpu::cpu_id())];
-    std::lock_guard<std::mutex> lock(l.mutex);
-    t->next_free = l.head;
-    l.head = t;
-  }
+  void put(task* t) { free_.push(&t->link); }
 
   std::atomic<long> allocated{0};
   std::atomic<long> reused{0};
 
  private:
-  struct alignas(64) list {  // own cache line per CPU
-    std::mutex mutex;
-    task* head = nullptr;
-  };
-  std::unique_ptr<list[]> lists_;
+  percpu::free_list free_;
 };
 
 class thread_pool {
@@ -113,7 +97,7 @@ class thread_pool {
   }
 
   long sum() const { return sum_.load(); }
-  per_cpu_free_list& free_tasks() { return free_tasks_; }
+  task_recycler& free_tasks() { return free_tasks_; }
 
  private:
   void work() {
@@ -132,7 +116,7 @@ class thread_pool {
     }
   }
 
-  per_cpu_free_list free_tasks_;  // destroyed after the workers have joined
+  task_recycler free_tasks_;  // destroyed after the workers have joined
   std::mutex mutex_;
   static constexpr size_t kQueueLimit = 64;
   std::condition_variable ready_;
