@@ -11,6 +11,8 @@
 #       ENOSYS under a seccomp filter).
 
 set(PERCPU_WARNINGS -Wall -Wextra)
+# Per-test time limit, in seconds; slow launchers (valgrind) raise it.
+set(PERCPU_TEST_TIMEOUT 300 CACHE STRING "ctest TIMEOUT of each percpu test")
 if(PERCPU_WERROR)
   list(APPEND PERCPU_WARNINGS -Werror)
 endif()
@@ -75,7 +77,7 @@ function(percpu_cc_test)
   percpu_test_command(_command ${T_NAME})
   add_test(NAME ${T_NAME} COMMAND ${_command} ${T_ARGS})
   if(NOT T_TIMEOUT)
-    set(T_TIMEOUT 300)
+    set(T_TIMEOUT ${PERCPU_TEST_TIMEOUT})
   endif()
   set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT}
     LABELS "${T_LABELS}" ENVIRONMENT "${T_ENV}")
@@ -92,7 +94,7 @@ endfunction()
 function(percpu_add_mode_tests)
   cmake_parse_arguments(M "" "TARGET;TIMEOUT" "ARGS;LABELS" ${ARGN})
   if(NOT M_TIMEOUT)
-    set(M_TIMEOUT 300)
+    set(M_TIMEOUT ${PERCPU_TEST_TIMEOUT})
   endif()
   percpu_test_command(_command ${M_TARGET})
   if(PERCPU_HAVE_GLIBC_RSEQ)

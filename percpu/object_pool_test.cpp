@@ -266,6 +266,12 @@ void hammer(const run_options& options) {
       std::printf("affinity flips: %ld\n", flipper->flips());
     }
     if (trimmer.joinable()) {
+      // A starved trimmer (valgrind runs one thread at a time) gets until
+      // the deadline to trim at least once while the workers still run.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (trims.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       stop_trim.store(true);
       trimmer.join();
       std::printf("trims: %ld\n", trims.load());
