@@ -395,10 +395,8 @@ int cpu_id_slow() noexcept {
 }
 
 int node_id_slow() noexcept {
-  if (!ensure_initialized()) {
-    unsigned node = 0;
-    return raw_syscall_getcpu(nullptr, &node) == 0 ? static_cast<int>(node) : 0;
-  }
+  // Before start-up ensure_registered() is false and the fallback is still
+  // the system call.
   if (ensure_registered() && g_state.feature_size >= kFeatureSizeNodeId) {
     const int node = load_tp_relative_i32(g_fast_path.node_id);
     if (node >= 0) return node;
@@ -416,7 +414,6 @@ int concurrency_id_slow() noexcept {
 }
 
 rseq_area* registered_rseq_area() noexcept {
-  if (!ensure_initialized()) return nullptr;
   return ensure_registered() ? serving_rseq_area() : nullptr;
 }
 

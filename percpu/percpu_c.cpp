@@ -29,18 +29,12 @@ int percpu_concurrency_id(void) {
 int percpu_max_cpus(void) { return percpu::max_cpus(); }
 
 int percpu_sched_getcpu(void) {
-  if (!PERCPU_STARTED()) {
-    unsigned cpu = 0;
-    const int error = percpu::internal::raw_syscall_getcpu(&cpu, nullptr);
-    if (error != 0) {
-      errno = error;
-      return -1;
-    }
-    return static_cast<int>(cpu);
+  if (PERCPU_STARTED()) {
+    const int id = percpu::internal::load_tp_relative_i32(percpu::internal::g_fast_path.cpu_id);
+    if (__builtin_expect(id >= 0, 1)) return id;
+    if (percpu::internal::registered_rseq_area() != nullptr) return percpu::cpu_id();
   }
-  const int id = percpu::internal::load_tp_relative_i32(percpu::internal::g_fast_path.cpu_id);
-  if (__builtin_expect(id >= 0, 1)) return id;
-  if (percpu::internal::registered_rseq_area() != nullptr) return percpu::cpu_id();
+  // Before start-up the fallback is still the system call.
   unsigned cpu = 0;
   const int error = percpu::internal::query_fallback(&cpu, nullptr);
   if (error != 0) {
