@@ -78,7 +78,12 @@ counter::block* counter::allocate() noexcept {
 void counter::add_slow(std::int64_t delta) noexcept {
   using internal::index_kind;
   block* b = block_.load(std::memory_order_acquire);
-  if (b == &unmapped_block_) b = allocate();
+  // A mapped block lets add()'s inline path arm a section through
+  // g_fast_path.area, so no block is mapped before start-up has aimed it;
+  // the only add that can find start-up still running (in another thread,
+  // or in the code this signal handler interrupted) counts on the side.
+  if (b == &unmapped_block_ && !internal::ensure_initialized()) b = nullptr;
+  else if (b == &unmapped_block_) b = allocate();
   if (b == nullptr) {
     unmapped_.fetch_add(delta, std::memory_order_relaxed);
     return;

@@ -18,6 +18,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/auxv.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -44,7 +45,9 @@ extern const std::ptrdiff_t __rseq_offset __attribute__((weak));
 namespace percpu {
 namespace internal {
 
-fast_path_offsets g_fast_path = {0, 0, 0, 0, false};
+// Constant-initialised to zero: see fast_path_offsets for why that is safe
+// before start-up.
+fast_path_offsets g_fast_path = {0, 0, 0, 0, 0, 0, 0, false};
 
 namespace {
 
@@ -61,9 +64,17 @@ thread_local rseq_area unregistered_area PERCPU_STATIC_TLS = {0, kCpuIdUninitial
 thread_local thread_registration registration PERCPU_STATIC_TLS = thread_registration::untried;
 thread_local int registration_error PERCPU_STATIC_TLS = 0;
 
+}  // namespace
+
+__thread section_user t_section_state PERCPU_STATIC_TLS = section_user::unmarked;
+
+namespace {
+
 struct process_state {
   // Who registers threads. Drops from percpu to none, once, when the kernel
-  // turns out to have no rseq at all, so later threads skip the attempt.
+  // turns out to have no rseq at all, so later threads skip the attempt. A
+  // failure that may be the thread's own (a per-thread seccomp filter, an
+  // area another library registered) only ever concerns that thread.
   std::atomic<rseq_owner> owner{rseq_owner::none};
   std::intptr_t natural_area = 0;            // the area rseq would serve from
   unsigned feature_size = 0;                 // bytes the kernel keeps current
@@ -152,6 +163,17 @@ void aim_fast_path(std::intptr_t area, unsigned feature_size) {
       feature_size >= kFeatureSizeMmCid ? area + kMmCidOffset : area + kCpuIdOffset;
 }
 
+// The last step of start-up: the bounds that let the fast paths accept what
+// they load. Stored after every offset, with release order, so a reader that
+// sees a bound (and so much as tests a loaded value against it) was handed
+// offsets that are set.
+void open_fast_path() {
+  g_fast_path.section_state = tp_offset_of(&t_section_state);
+  __atomic_store_n(&g_fast_path.node_limit, 0x80000000u, __ATOMIC_RELEASE);
+  __atomic_store_n(&g_fast_path.cpu_limit, static_cast<std::uint32_t>(max_cpus()),
+                   __ATOMIC_RELEASE);
+}
+
 // Every change of owner or fallback goes through here, so the inline RDPID
 // shortcut never skips a registration that is still due.
 void set_owner_and_fallback(rseq_owner owner, cpu_backend fallback) {
@@ -181,11 +203,20 @@ bool glibc_registered_rseq(std::intptr_t* area) {
   return true;
 }
 
+}  // namespace
+
+bool secure_execution() noexcept { return getauxval(AT_SECURE) != 0; }
+
+namespace {
+
 // The value of environment variable `name` as the process started, copied
-// into `buffer`; nullptr if unset. Start-up can run before libc has set up
-// `environ` (from .preinit_array, or an allocator called by ld.so), so when
-// environ is not there yet the kernel's copy in /proc/self/environ is read.
+// into `buffer`; nullptr if unset, and always nullptr in a set-user-ID or
+// otherwise privileged program (AT_SECURE), where the environment belongs to
+// a less trusted user. Start-up can run before libc has set up `environ`
+// (from .preinit_array, or an allocator called by ld.so), so when environ is
+// not there yet the kernel's copy in /proc/self/environ is read.
 const char* startup_env(const char* name, char* buffer, std::size_t size) {
+  if (secure_execution()) return nullptr;
   if (environ != nullptr) {
     const char* value = getenv(name);
     if (value == nullptr) return nullptr;
@@ -274,10 +305,35 @@ void initialize_once() {
   } else {
     aim_fast_path(area, g_state.feature_size);
   }
-  (void)max_cpus();  // read /sys now, not later in a signal handler
+  open_fast_path();
 }
 
-__attribute__((constructor(101))) void initialize_at_load() { (void)ensure_initialized(); }
+// Keeps the object that holds this code loaded for the rest of the process.
+// A plugin that links percpu statically and is dlclose'd would otherwise take
+// with it what the kernel still uses on every thread it touched: critical
+// section descriptors an area's rseq_cs may still point at, and (when percpu
+// registered) the static-TLS areas themselves. A no-op for the main program.
+// Not async-signal-safe (dlopen), so it runs from the constructor only; code
+// that runs before the constructor is still pinned when the constructor
+// runs, before the object can be unloaded.
+void pin_this_object() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&pin_this_object), &info) == 0 || info.dli_fname == nullptr ||
+      info.dli_fname[0] == '\0') {
+    return;
+  }
+  const int saved_errno = errno;
+  // RTLD_NOLOAD: only ever a reference to the object already loaded; the
+  // handle is kept for good.
+  void* handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
+  (void)handle;
+  errno = saved_errno;
+}
+
+__attribute__((constructor(101))) void initialize_at_load() {
+  (void)ensure_initialized();
+  pin_this_object();
+}
 
 }  // namespace
 
@@ -299,6 +355,18 @@ bool initialize_now() noexcept {
 
 namespace {
 
+// Whether an ENOSYS from rseq may mean the kernel has none, rather than a
+// seccomp filter on one thread: only when nothing shows that it has rseq (a
+// kernel with rseq puts AT_RSEQ_FEATURE_SIZE in the auxiliary vector from
+// Linux 6.3 on) and no thread of this process has registered yet. Anything
+// else makes the failure the thread's own, and threads created later still
+// try.
+std::atomic<bool> g_some_thread_registered{false};
+bool kernel_may_lack_rseq() noexcept {
+  return getauxval(kAtRseqFeatureSize) == 0 &&
+         !g_some_thread_registered.load(std::memory_order_relaxed);
+}
+
 // Registers the calling thread's own area. Re-entrant from a signal handler,
 // which may interrupt an attempt at any instruction. A handler that finds
 // `trying` makes an attempt of its own instead of going without rseq: the
@@ -311,7 +379,9 @@ namespace {
 //     the area is live, which counts as success below;
 //   - the handler runs after it: the kernel filled cpu_id on the way back to
 //     user space, so ensure_registered() answers before calling here.
-// A failure is final, and the same for every attempt on this thread.
+// A failure is final, and the same for every attempt on this thread; it
+// concerns this thread only, except an ENOSYS that says the kernel has no
+// rseq at all (kernel_may_lack_rseq()).
 bool register_this_thread() noexcept {
   const thread_registration state = registration;
   if (state == thread_registration::registered) return true;
@@ -333,7 +403,8 @@ bool register_this_thread() noexcept {
   const bool ok = error == 0 || (error == EBUSY && own_area.cpu_id >= 0);
   registration_error = ok ? 0 : error;
   registration = ok ? thread_registration::registered : thread_registration::failed;
-  if (error == ENOSYS) set_owner(rseq_owner::none);
+  if (ok) g_some_thread_registered.store(true, std::memory_order_relaxed);
+  if (error == ENOSYS && kernel_may_lack_rseq()) set_owner(rseq_owner::none);
   if (!ok && g_state.forced == static_cast<int>(cpu_backend::rseq) &&
       !g_state.forced_rseq_warned.exchange(true)) {
     say({"PERCPU_BACKEND=rseq is unavailable here (rseq registration failed with ",
@@ -374,7 +445,18 @@ __attribute__((noinline)) int cpu_id_from_syscall() noexcept {
 
 }  // namespace
 
-int cpu_id_slow() noexcept {
+namespace {
+
+// Every id percpu hands out is below max_cpus(), which bounds what the kernel
+// can report (see read_max_cpus). Should a kernel ever report more, the id is
+// folded into range rather than let a caller index past its array.
+int within_max_cpus(int id) noexcept {
+  const unsigned limit = static_cast<unsigned>(max_cpus());
+  const unsigned value = static_cast<unsigned>(id);
+  return static_cast<int>(value < limit ? value : value % limit);
+}
+
+int cpu_id_unbounded() noexcept {
   if (!ensure_initialized()) return cpu_id_from_syscall();
   if (g_state.owner.load(std::memory_order_relaxed) == rseq_owner::percpu) {
     const int id = cpu_id_after_registering();
@@ -394,6 +476,10 @@ int cpu_id_slow() noexcept {
   return cpu_id_from_syscall();
 }
 
+}  // namespace
+
+int cpu_id_slow() noexcept { return within_max_cpus(cpu_id_unbounded()); }
+
 int node_id_slow() noexcept {
   // Before start-up ensure_registered() is false and the fallback is still
   // the system call.
@@ -408,7 +494,7 @@ int node_id_slow() noexcept {
 int concurrency_id_slow() noexcept {
   if (ensure_registered()) {
     const int id = load_tp_relative_i32(g_fast_path.concurrency_id);
-    if (id >= 0) return id;
+    if (id >= 0) return within_max_cpus(id);
   }
   return cpu_id_slow();
 }
@@ -487,19 +573,20 @@ unsigned rseq_feature_size() noexcept {
   return internal::g_state.feature_size;
 }
 
-namespace {
+namespace internal {
 
-// Parses a CPU list such as "0-3,8-11" and returns one more than its highest
-// id, or 0 when the text is not a CPU list.
-int count_from_cpu_list(const char* text) {
+int cpu_list_bound(const char* text) noexcept {
   int highest = -1;
   int value = -1;
+  bool any = false;
   for (const char* p = text;; ++p) {
     if (*p >= '0' && *p <= '9') {
       value = (value < 0 ? 0 : value * 10) + (*p - '0');
       if (value > (1 << 22)) return 0;
     } else if (*p == '-' || *p == ',' || *p == '\n' || *p == '\0') {
+      if (value < 0 && (*p == '-' || *p == ',' || any)) return 0;  // "-3", "1,,2", "1-"
       if (value > highest) highest = value;
+      any = value >= 0;
       value = -1;
       if (*p == '\n' || *p == '\0') break;
     } else {
@@ -509,25 +596,54 @@ int count_from_cpu_list(const char* text) {
   return highest + 1;
 }
 
+int kernel_cpumask_bits() noexcept {
+  // The raw system call (not glibc's wrapper, which hides it) returns how
+  // many bytes of mask the kernel copied: its cpumask size, which holds
+  // every CPU id it can ever report. Grow the buffer until it fits.
+  unsigned long stack_mask[16];
+  const int saved_errno = errno;
+  long bytes = syscall(SYS_sched_getaffinity, 0, sizeof(stack_mask), stack_mask);
+  if (bytes < 0 && errno == EINVAL) {
+    // A kernel built for more CPUs than 1024: ask with a larger buffer.
+    for (std::size_t size = 2 * sizeof(stack_mask); size <= (std::size_t{1} << 20); size *= 2) {
+      void* mask = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (mask == MAP_FAILED) break;
+      bytes = syscall(SYS_sched_getaffinity, 0, size, mask);
+      munmap(mask, size);
+      if (bytes >= 0 || errno != EINVAL) break;
+    }
+  }
+  errno = saved_errno;
+  return bytes > 0 ? static_cast<int>(bytes * 8) : 0;
+}
+
+}  // namespace internal
+
+namespace {
+
 int read_max_cpus() {
   char text[4096];
   int count = 0;
   const int saved_errno = errno;
+  // The kernel's own list of possible CPUs: the tightest bound, where /sys is
+  // there to read it.
   const int fd = open("/sys/devices/system/cpu/possible", O_RDONLY | O_CLOEXEC);
   if (fd >= 0) {
     const ssize_t n = read(fd, text, sizeof(text) - 1);
     close(fd);
     if (n > 0) {
       text[n] = '\0';
-      count = count_from_cpu_list(text);
+      count = internal::cpu_list_bound(text);
     }
   }
+  // No /sys (a container, a sandbox): a counted number of CPUs is no bound on
+  // their ids, but the size of the kernel's cpumask is.
+  if (count <= 0) count = internal::kernel_cpumask_bits();
   if (count <= 0) {
     const long configured = sysconf(_SC_NPROCESSORS_CONF);
     count = configured > 0 ? static_cast<int>(configured) : 1;
   }
-  // An id seen before the list was read (e.g. a CPU added by hotplug beyond
-  // the configured count) must still fit.
+  // An id seen before the list was read must still fit.
   unsigned cpu = 0;
   if (internal::raw_syscall_getcpu(&cpu, nullptr) == 0 && static_cast<int>(cpu) >= count) {
     count = static_cast<int>(cpu) + 1;

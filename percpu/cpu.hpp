@@ -83,17 +83,31 @@ cpu_backend fallback_backend() noexcept;
 
 namespace internal {
 
-// Offsets from the thread pointer that the inline fast paths load. Every
-// offset always points at a readable 32-bit word of static TLS: the serving
-// rseq area, or a per-thread area that is never registered and so holds -1.
-// A negative value sends the caller to the out-of-line slow path. They are
-// set by percpu's constructor, before any ordinary static constructor runs.
+// Where the inline fast paths look, as offsets from the thread pointer, and
+// the bounds that make a loaded value an answer.
+//
+// Before start-up (constant initialisation: every field 0) the offsets point
+// at the start of the thread control block, and the bounds are 0, so every
+// load is rejected and the caller takes the out-of-line slow path, which runs
+// start-up first. That is what makes the fast paths correct from the first
+// constructor of the process on, whatever the order of constructors and
+// whether percpu sits in a shared library, a PIE, a non-PIE or a static
+// program. Start-up writes the offsets first and the bounds last.
+//
+// After start-up every offset points at a readable 32-bit word of static TLS:
+// the serving rseq area, or a per-thread area that is never registered and
+// so holds -1. A value at or above its bound sends the caller to the slow
+// path; -1 and every other negative value are above any bound once compared
+// unsigned.
 struct alignas(64) fast_path_offsets {
   std::intptr_t area;            // the serving struct rseq
   std::intptr_t cpu_id;          // its cpu_id
   std::intptr_t node_id;         // its node_id, or a word that is always -1
   std::intptr_t concurrency_id;  // its mm_cid, or its cpu_id
-  // True when a negative cpu_id can be answered by RDPID right away: the
+  std::intptr_t section_state;   // the thread's section-user word (slot_lock.hpp)
+  std::uint32_t cpu_limit;       // max_cpus(): bounds cpu_id and concurrency_id
+  std::uint32_t node_limit;      // bounds node_id
+  // True when a rejected cpu_id can be answered by RDPID right away: the
   // fallback is RDPID and no thread has an rseq registration of percpu's
   // still to attempt. Keeps that fallback as cheap as the instruction.
   bool rdpid_inline;
@@ -107,11 +121,27 @@ int cpu_id_slow() noexcept;
 int node_id_slow() noexcept;
 int concurrency_id_slow() noexcept;
 
+// Whether a fast-path load is an answer: below its bound, compared unsigned,
+// so every negative value is rejected too.
+inline bool within(int value, std::uint32_t limit) noexcept {
+  return static_cast<std::uint32_t>(value) < limit;
+}
+
+// The fast path's rseq cpu_id when it is an answer, or -1: before start-up,
+// on threads without a registered area, and for out-of-range words.
+inline int rseq_cpu_id_or_negative() noexcept {
+  const int id = load_tp_relative_i32(g_fast_path.cpu_id);
+  return within(id, g_fast_path.cpu_limit) ? id : -1;
+}
+
 }  // namespace internal
 
+// Each fast path is one load and one unsigned compare with its bound (see
+// fast_path_offsets): the thread pointer is read afresh at every call, so a
+// coroutine resumed on another thread reads that thread's area.
 inline int cpu_id() noexcept {
   const int id = internal::load_tp_relative_i32(internal::g_fast_path.cpu_id);
-  if (__builtin_expect(id >= 0, 1)) return id;
+  if (__builtin_expect(internal::within(id, internal::g_fast_path.cpu_limit), 1)) return id;
   if (internal::kArchHasRdpid && internal::g_fast_path.rdpid_inline) {
     return static_cast<int>(internal::rdpid_tsc_aux() & internal::kRdpidCpuMask);
   }
@@ -120,13 +150,13 @@ inline int cpu_id() noexcept {
 
 inline int node_id() noexcept {
   const int id = internal::load_tp_relative_i32(internal::g_fast_path.node_id);
-  if (__builtin_expect(id >= 0, 1)) return id;
+  if (__builtin_expect(internal::within(id, internal::g_fast_path.node_limit), 1)) return id;
   return internal::node_id_slow();
 }
 
 inline int concurrency_id() noexcept {
   const int id = internal::load_tp_relative_i32(internal::g_fast_path.concurrency_id);
-  if (__builtin_expect(id >= 0, 1)) return id;
+  if (__builtin_expect(internal::within(id, internal::g_fast_path.cpu_limit), 1)) return id;
   return internal::concurrency_id_slow();
 }
 

@@ -10,30 +10,20 @@
 
 extern "C" {
 
-// Out of line anyway, so each entry point can afford to make sure percpu has
-// started: C callers include allocators that run before constructors do.
-#define PERCPU_STARTED() __builtin_expect(percpu::internal::ensure_initialized(), 1)
+// The inline fast paths are safe from the first constructor on (their bounds
+// reject every load until start-up has run), so these are plain wrappers.
+int percpu_cpu_id(void) { return percpu::cpu_id(); }
 
-int percpu_cpu_id(void) {
-  return PERCPU_STARTED() ? percpu::cpu_id() : percpu::internal::cpu_id_slow();
-}
+int percpu_node_id(void) { return percpu::node_id(); }
 
-int percpu_node_id(void) {
-  return PERCPU_STARTED() ? percpu::node_id() : percpu::internal::node_id_slow();
-}
-
-int percpu_concurrency_id(void) {
-  return PERCPU_STARTED() ? percpu::concurrency_id() : percpu::internal::cpu_id_slow();
-}
+int percpu_concurrency_id(void) { return percpu::concurrency_id(); }
 
 int percpu_max_cpus(void) { return percpu::max_cpus(); }
 
 int percpu_sched_getcpu(void) {
-  if (PERCPU_STARTED()) {
-    const int id = percpu::internal::load_tp_relative_i32(percpu::internal::g_fast_path.cpu_id);
-    if (__builtin_expect(id >= 0, 1)) return id;
-    if (percpu::internal::registered_rseq_area() != nullptr) return percpu::cpu_id();
-  }
+  const int id = percpu::internal::rseq_cpu_id_or_negative();
+  if (__builtin_expect(id >= 0, 1)) return id;
+  if (percpu::internal::registered_rseq_area() != nullptr) return percpu::cpu_id();
   // Before start-up the fallback is still the system call.
   unsigned cpu = 0;
   const int error = percpu::internal::query_fallback(&cpu, nullptr);

@@ -15,8 +15,6 @@
 namespace percpu {
 namespace internal {
 
-__thread int t_section_state __attribute__((tls_model("initial-exec"))) = 0;
-
 namespace {
 
 // Set once any thread may run owner sections; never cleared (see the header).
@@ -88,16 +86,16 @@ void wait_for(int* flag) noexcept {
 
 }  // namespace
 
-int mark_section_user() noexcept {
-  if (t_section_state == 2) return 2;
+section_user mark_section_user() noexcept {
+  if (t_section_state == section_user::forced_locked) return section_user::forced_locked;
   __atomic_store_n(&g_section_users, 1, __ATOMIC_SEQ_CST);
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  t_section_state = 1;
-  return 1;
+  t_section_state = section_user::marked;
+  return section_user::marked;
 }
 
 void force_locked_path_for_this_thread(bool on) noexcept {
-  t_section_state = on ? 2 : 0;
+  t_section_state = on ? section_user::forced_locked : section_user::unmarked;
 }
 
 unsigned long fence_count() noexcept { return g_fences.load(std::memory_order_relaxed); }

@@ -101,19 +101,26 @@ void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept;
 // False when lock_slot would refuse: sections may run and there is no fence.
 bool remote_access_possible() noexcept;
 
-// Per-thread section state. 1: the thread is marked and may run owner
-// sections; 0: not marked yet; 2: test seam, the thread behaves as if it had
-// no rseq (force_locked_path_for_this_thread).
-extern __thread int t_section_state __attribute__((tls_model("initial-exec")));
-int mark_section_user() noexcept;  // returns the new state (1 or 2)
+// Marks the calling thread as a section user (t_section_state, see
+// registration.hpp) and returns its new state: marked, or forced_locked
+// under the test seam below.
+section_user mark_section_user() noexcept;
 
 // The area for owner sections of the calling thread, or nullptr when it must
-// use the locked path (no rseq, or the seam says so).
+// use the locked path (no rseq, or the seam says so). The state word is read
+// through a fresh thread pointer (see t_section_state). It is only read once
+// rseq_area_for_sections() has answered, that is after start-up has aimed
+// g_fast_path.section_state; a stale offset 0 would read the thread control
+// block's first word, a pointer, which is never 1, and so only costs a call.
 inline rseq_area* section_area() noexcept {
   rseq_area* area = rseq_area_for_sections();
   if (area == nullptr) return nullptr;
-  if (__builtin_expect(t_section_state == 1, 1)) return area;
-  return mark_section_user() == 1 ? area : nullptr;
+  if (__builtin_expect(load_tp_relative_i32(g_fast_path.section_state) ==
+                           static_cast<int>(section_user::marked),
+                       1)) {
+    return area;
+  }
+  return mark_section_user() == section_user::marked ? area : nullptr;
 }
 
 // Test seam: from now on the calling thread takes the locked path, as a

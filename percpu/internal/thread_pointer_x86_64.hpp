@@ -9,9 +9,14 @@ namespace internal {
 
 constexpr bool kArchHasRseq = true;
 
+// volatile: a thread pointer read is never merged with an earlier one. The
+// compiler sees no change of thread inside a function, but a coroutine that
+// suspends and is resumed elsewhere, or a fiber switch, continues the same
+// function on another thread; a reused value would aim that thread's
+// critical sections at the first thread's rseq area.
 inline char* thread_pointer() noexcept {
   char* tp;
-  asm("movq %%fs:0, %0" : "=r"(tp));
+  asm volatile("movq %%fs:0, %0" : "=r"(tp));
   return tp;
 }
 
