@@ -38,7 +38,11 @@
 //   where the *_rseq counts are the calls answered from an rseq area and
 //   glibc_rseq tells whether that area was glibc's. Forked children inherit
 //   the counts of their parent at the fork. Calls made before this
-//   library's constructors ran are not counted. Untraced calls pay nothing
+//   library's constructors ran are not counted. The file is opened without
+//   following a symbolic link in its last component. In a set-user-ID (or
+//   otherwise AT_SECURE) program every PERCPU_* variable is ignored: the
+//   environment is the less privileged user's, and the file would be written
+//   with the program's privileges. Untraced calls pay nothing
 //   for the feature: the one check they make, that percpu is ready, is
 //   needed anyway.
 #include <dlfcn.h>
@@ -69,24 +73,23 @@ struct call_counts {
   std::atomic<unsigned long> getcpu_rseq{0};
 };
 
-// Until percpu's constructor has run, its fast-path offsets are not set and a
-// load through them reads some unrelated word of the thread's control block.
-// Allocators call sched_getcpu() that early (jemalloc's percpu_arena does,
-// from malloc's first call, which can precede every constructor of this
-// library), so the fast path is taken only once `g_mode` says percpu is
-// ready; before that the system call answers.
+// Allocators call sched_getcpu() before this library's constructors have run
+// (jemalloc's percpu_arena does, from malloc's first call). percpu's fast
+// path is safe then (it rejects every load until start-up), but the trace
+// settings are not known yet: until `g_mode` says ready, calls go to the slow
+// path and are answered without being counted. g_mode is published with
+// release order after g_trace_path is written and read with acquire order,
+// so whoever sees kReadyTracing sees the path.
 enum mode : unsigned char { kNotReady, kReady, kReadyTracing };
 std::atomic<unsigned char> g_mode{kNotReady};
 char g_trace_path[1024];
 call_counts g_counts;
 
-// Negative means "not served by rseq"; only meaningful once percpu is ready.
-inline int rseq_cpu() noexcept {
-  return percpu::internal::load_tp_relative_i32(percpu::internal::g_fast_path.cpu_id);
-}
+// Negative means "not served by rseq".
+inline int rseq_cpu() noexcept { return percpu::internal::rseq_cpu_id_or_negative(); }
 
 inline bool fast_path_ready() noexcept {
-  return g_mode.load(std::memory_order_relaxed) == kReady;
+  return g_mode.load(std::memory_order_acquire) == kReady;
 }
 
 // Lock-free atomics, so counting is async-signal-safe too.
@@ -102,7 +105,7 @@ void count(std::atomic<unsigned long>& calls, std::atomic<unsigned long>& rseq_c
 // it returns -1.
 __attribute__((noinline)) int current_cpu_slow(std::atomic<unsigned long>& calls,
                                                std::atomic<unsigned long>& rseq_calls) noexcept {
-  const unsigned char mode = g_mode.load(std::memory_order_relaxed);
+  const unsigned char mode = g_mode.load(std::memory_order_acquire);
   int id = -1;
   bool from_rseq = false;
   if (mode == kNotReady) {
@@ -128,7 +131,8 @@ __attribute__((noinline)) int current_cpu_slow(std::atomic<unsigned long>& calls
 // Priority 102: runs right after percpu's own constructor (101) in this
 // object, and before this object's ordinary constructors.
 __attribute__((constructor(102))) void become_ready() {
-  const char* path = std::getenv("PERCPU_PRELOAD_TRACE");
+  const char* path =
+      percpu::internal::secure_execution() ? nullptr : std::getenv("PERCPU_PRELOAD_TRACE");
   unsigned char mode = kReady;
   if (path != nullptr && *path != '\0') {
     if (std::strlen(path) < sizeof(g_trace_path)) {
@@ -138,7 +142,7 @@ __attribute__((constructor(102))) void become_ready() {
       std::fprintf(stderr, "percpu_getcpu: PERCPU_PRELOAD_TRACE is too long a path; not tracing\n");
     }
   }
-  g_mode.store(mode, std::memory_order_relaxed);
+  g_mode.store(mode, std::memory_order_release);
 }
 
 bool glibc_registered_rseq() {
@@ -147,7 +151,7 @@ bool glibc_registered_rseq() {
 }
 
 __attribute__((destructor)) void write_trace() {
-  if (g_mode.load(std::memory_order_relaxed) != kReadyTracing) return;
+  if (g_mode.load(std::memory_order_acquire) != kReadyTracing) return;
   const int saved_errno = errno;
   char line[256];
   const int n = std::snprintf(
@@ -157,8 +161,9 @@ __attribute__((destructor)) void write_trace() {
       static_cast<long>(getpid()), g_counts.sched_getcpu.load(), g_counts.sched_getcpu_rseq.load(),
       g_counts.getcpu.load(), g_counts.getcpu_rseq.load(), glibc_registered_rseq() ? 1 : 0,
       percpu::to_string(percpu::fallback_backend()));
-  // O_APPEND keeps the lines of a parent and its children whole.
-  const int fd = open(g_trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  // O_APPEND keeps the lines of a parent and its children whole; O_NOFOLLOW
+  // refuses a symbolic link planted at the path.
+  const int fd = open(g_trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd >= 0 && n > 0) {
     ssize_t ignored = write(fd, line, static_cast<std::size_t>(n));
     (void)ignored;
@@ -188,7 +193,7 @@ extern "C" int getcpu(unsigned int* cpu, unsigned int* node) noexcept {
     return 0;
   }
   unsigned found_cpu = 0, found_node = 0;
-  const unsigned char mode = g_mode.load(std::memory_order_relaxed);
+  const unsigned char mode = g_mode.load(std::memory_order_acquire);
   const int error = mode == kNotReady
                         ? percpu::internal::raw_syscall_getcpu(&found_cpu, &found_node)
                         : percpu::internal::query_fallback(&found_cpu, &found_node);
