@@ -58,9 +58,20 @@ void read_tcb(std::uintptr_t (&words)[4]) {
 
 }  // namespace
 
-#ifndef PERCPU_EARLY_USE_STATIC
-// The malloc family, forwarded to glibc's (a static program cannot replace
-// glibc's malloc this way: its archive defines both names in one object). Only the first call asks percpu;
+// No malloc replacement where one cannot work: in a static program glibc's
+// archive defines both names in one object, and a sanitizer's runtime owns
+// the heap.
+#if defined(PERCPU_EARLY_USE_STATIC) || defined(__SANITIZE_ADDRESS__) || \
+    defined(__SANITIZE_THREAD__)
+#define PERCPU_EARLY_USE_NO_MALLOC 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define PERCPU_EARLY_USE_NO_MALLOC 1
+#endif
+#endif
+
+#ifndef PERCPU_EARLY_USE_NO_MALLOC
+// The malloc family, forwarded to glibc's. Only the first call asks percpu;
 // later ones must not recurse into it while percpu allocates nothing anyway.
 extern "C" void* malloc(std::size_t size) {
   if (!g_malloc_asked.exchange(true)) g_malloc_cpu.store(percpu::cpu_id());
@@ -129,7 +140,7 @@ TEST(EarlyUse, EarlyAddsAreCounted) {
   EXPECT_EQ(g_early_counter.load(), 2 * kEarlyAdds);
 }
 
-#ifndef PERCPU_EARLY_USE_STATIC
+#ifndef PERCPU_EARLY_USE_NO_MALLOC
 TEST(EarlyUse, FirstMallocSawAValidId) {
   ASSERT_TRUE(g_malloc_asked.load()) << "the malloc replacement was never called";
   EXPECT_GE(g_malloc_cpu.load(), 0);

@@ -1,0 +1,151 @@
+// max_cpus() where /sys is not what it usually is: hidden (containers and
+// sandboxes that mount nothing there) or listing a sparse set of possible
+// CPUs. Each case runs max_cpus_probe in a child that first enters a mount
+// namespace of its own (root only) and changes what /sys shows there.
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "percpu/cpu.hpp"
+#include "percpu/internal/registration.hpp"
+
+namespace {
+
+std::string probe_path() {
+  const char* path = std::getenv("PERCPU_MAX_CPUS_PROBE");
+  return path != nullptr ? path : "";
+}
+
+// Runs the probe in a private mount namespace after `prepare` (which runs in
+// the child, in that namespace). Returns its output; *status its exit code,
+// or -1 when the namespace could not be made.
+std::string run_probe(void (*prepare)(), int* status) {
+  int out[2];
+  if (pipe(out) != 0) return "";
+  const pid_t child = fork();
+  if (child == 0) {
+    close(out[0]);
+    if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+      _exit(100);
+    }
+    prepare();
+    dup2(out[1], STDOUT_FILENO);
+    execl(probe_path().c_str(), "max_cpus_probe", static_cast<char*>(nullptr));
+    _exit(101);
+  }
+  close(out[1]);
+  std::string text;
+  char buffer[256];
+  ssize_t n;
+  while ((n = read(out[0], buffer, sizeof(buffer))) > 0) text.append(buffer, n);
+  close(out[0]);
+  int wait_status = 0;
+  waitpid(child, &wait_status, 0);
+  *status = WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status);
+  if (*status == 100) *status = -1;
+  return text;
+}
+
+int field(const std::string& text, const char* name) {
+  const std::string key = std::string(name) + "=";
+  const auto at = text.find(key);
+  return at == std::string::npos ? -1 : std::atoi(text.c_str() + at + key.size());
+}
+
+void hide_sys() {
+  if (mount("none", "/sys", "tmpfs", 0, nullptr) != 0) _exit(102);
+}
+
+void sparse_possible() {
+  const char* file = "/tmp/percpu-possible-list";
+  const int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0 || write(fd, "0-3,8-11\n", 9) != 9) _exit(103);
+  close(fd);
+  if (mount(file, "/sys/devices/system/cpu/possible", nullptr, MS_BIND, nullptr) != 0) _exit(104);
+}
+
+void skip_if_no_namespace(int status) {
+  if (status == -1) GTEST_SKIP() << "cannot make a mount namespace here (needs root)";
+}
+
+TEST(HiddenSys, MaxCpusBoundsEveryIdWithoutSys) {
+  ASSERT_FALSE(probe_path().empty()) << "PERCPU_MAX_CPUS_PROBE is not set";
+  int status = 0;
+  const std::string out = run_probe(hide_sys, &status);
+  skip_if_no_namespace(status);
+  if (IsSkipped()) return;
+  std::printf("without /sys: %s", out.c_str());
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_EQ(field(out, "ids_in_range"), 1) << out;
+  // The bound then comes from the kernel's cpumask, not from a count of CPUs.
+  EXPECT_EQ(field(out, "max_cpus"), field(out, "cpumask_bits")) << out;
+  EXPECT_GE(field(out, "max_cpus"), percpu::max_cpus());
+}
+
+TEST(HiddenSys, MaxCpusFollowsASparsePossibleList) {
+  ASSERT_FALSE(probe_path().empty()) << "PERCPU_MAX_CPUS_PROBE is not set";
+  int status = 0;
+  const std::string out = run_probe(sparse_possible, &status);
+  skip_if_no_namespace(status);
+  if (IsSkipped()) return;
+  std::printf("possible 0-3,8-11: %s", out.c_str());
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_EQ(field(out, "max_cpus"), 12) << "one more than the highest possible id: " << out;
+}
+
+TEST(HiddenSys, MaxCpusIsThePossibleListsBound) {
+  const int fd = open("/sys/devices/system/cpu/possible", O_RDONLY);
+  if (fd < 0) GTEST_SKIP() << "no /sys/devices/system/cpu/possible here";
+  char text[4096] = {};
+  const ssize_t n = read(fd, text, sizeof(text) - 1);
+  close(fd);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(percpu::max_cpus(), percpu::internal::cpu_list_bound(text)) << text;
+}
+
+TEST(CpuListBound, ParsesTheKernelsFormat) {
+  using percpu::internal::cpu_list_bound;
+  EXPECT_EQ(cpu_list_bound("0\n"), 1);
+  EXPECT_EQ(cpu_list_bound("0-1\n"), 2);
+  EXPECT_EQ(cpu_list_bound("0-3,8-11\n"), 12);
+  EXPECT_EQ(cpu_list_bound("0-3,8-11"), 12);
+  EXPECT_EQ(cpu_list_bound("5"), 6);
+  EXPECT_EQ(cpu_list_bound("0,2,4,6\n"), 7);
+  EXPECT_EQ(cpu_list_bound("0-8191\n"), 8192);
+}
+
+TEST(CpuListBound, RejectsWhatIsNotAList) {
+  using percpu::internal::cpu_list_bound;
+  EXPECT_EQ(cpu_list_bound(""), 0);
+  EXPECT_EQ(cpu_list_bound("\n"), 0);
+  EXPECT_EQ(cpu_list_bound("abc"), 0);
+  EXPECT_EQ(cpu_list_bound("0-3,,8"), 0);
+  EXPECT_EQ(cpu_list_bound("-3"), 0);
+  EXPECT_EQ(cpu_list_bound("3-"), 0);
+  EXPECT_EQ(cpu_list_bound("0-99999999999"), 0);
+}
+
+TEST(KernelCpumaskBits, BoundsEveryAllowedCpu) {
+  const int bits = percpu::internal::kernel_cpumask_bits();
+  ASSERT_GT(bits, 0);
+  EXPECT_EQ(bits % 64, 0) << "the kernel copies whole longs";
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) {
+      EXPECT_LT(cpu, bits);
+    }
+  }
+}
+
+}  // namespace

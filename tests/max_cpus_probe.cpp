@@ -1,0 +1,33 @@
+// Prints what percpu reports about CPU ids, for hidden_sys_test.cpp, which
+// runs it in a mount namespace where /sys is hidden or altered:
+//   max_cpus=N cpumask_bits=B ids_in_range=0|1
+// ids_in_range: cpu_id() and concurrency_id(), asked on every allowed CPU,
+// were all below max_cpus(). Exit status 0 when they were.
+#include <sched.h>
+
+#include <cstdio>
+
+#include "percpu/cpu.hpp"
+#include "percpu/internal/registration.hpp"
+
+int main() {
+  const int max = percpu::max_cpus();
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  sched_getaffinity(0, sizeof(allowed), &allowed);
+  bool in_range = true;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) != 0) continue;
+    for (int i = 0; i < 100; ++i) {
+      const int id = percpu::cpu_id(), cid = percpu::concurrency_id();
+      if (id < 0 || id >= max || cid < 0 || cid >= max) in_range = false;
+    }
+  }
+  std::printf("max_cpus=%d cpumask_bits=%d ids_in_range=%d\n", max,
+              percpu::internal::kernel_cpumask_bits(), in_range ? 1 : 0);
+  return in_range ? 0 : 1;
+}
