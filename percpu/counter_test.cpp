@@ -7,8 +7,6 @@
 
 #include <gtest/gtest.h>
 #include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -22,6 +20,7 @@
 
 #include "percpu/cpu.hpp"
 #include "tests/stress/stress.hpp"
+#include "tests/support/deny_rseq.hpp"
 
 namespace percpu {
 namespace {
@@ -214,29 +213,11 @@ TEST(CounterStressTest, ThreadChurn) {
   EXPECT_EQ(c.load(), expected);
 }
 
-// Makes rseq(2) fail with EPERM for the calling thread only (a seccomp filter
-// installed without TSYNC binds just this thread). In own-registration mode
-// such a thread cannot register and adds through the atomic word, while its
-// neighbours add through rseq sections: the two paths on the same slots.
-bool deny_rseq_for_this_thread() {
-#if defined(__x86_64__)
-  constexpr unsigned kArch = AUDIT_ARCH_X86_64;
-#elif defined(__aarch64__)
-  constexpr unsigned kArch = AUDIT_ARCH_AARCH64;
-#endif
-  sock_filter filter[] = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kArch, 1, 0),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_rseq, 0, 1),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-  };
-  sock_fprog program = {static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
-  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
-         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
-}
+// A thread whose rseq(2) fails with EPERM (tests/support/deny_rseq.hpp): in
+// own-registration mode it cannot register and adds through the atomic word,
+// while its neighbours add through rseq sections: the two paths on the same
+// slots.
+bool deny_rseq_for_this_thread() { return percpu::test::deny_rseq_for_this_thread(EPERM); }
 
 TEST(CounterStressTest, RseqAndFallbackThreadsOnTheSameSlots) {
   counter c;

@@ -27,6 +27,7 @@
 #include "percpu/internal/fallback.hpp"
 #include "percpu/internal/registration.hpp"
 #include "percpu/percpu.h"
+#include "tests/support/deny_rseq.hpp"
 
 namespace percpu {
 namespace {
@@ -359,6 +360,32 @@ TEST(CpuExec, WorksAfterExec) {
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// A registration that fails on one thread is that thread's fact: threads
+// created afterwards still register, and the process keeps reporting
+// percpu as the owner to them.
+TEST(CpuPerThread, OneThreadDeniedRseqLeavesTheOthersOnRseq) {
+  (void)cpu_id();
+  if (rseq_ownership() != rseq_owner::percpu) {
+    GTEST_SKIP() << "needs percpu's own registration (the .own variant)";
+  }
+  for (int error : {ENOSYS, EPERM}) {
+    std::thread denied([error] {
+      ASSERT_TRUE(test::deny_rseq_for_this_thread(error));
+      EXPECT_GE(cpu_id(), 0);
+      EXPECT_NE(backend(), cpu_backend::rseq);
+      EXPECT_EQ(rseq_ownership(), rseq_owner::none) << "as seen from the denied thread";
+    });
+    denied.join();
+    std::thread later([] {
+      EXPECT_EQ(backend(), cpu_backend::rseq) << "a later thread must still register";
+      EXPECT_EQ(rseq_ownership(), rseq_owner::percpu);
+      EXPECT_EQ(internal::rseq_registration_error(), 0);
+    });
+    later.join();
+  }
+  EXPECT_EQ(backend(), cpu_backend::rseq);
 }
 
 }  // namespace
