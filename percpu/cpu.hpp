@@ -30,9 +30,27 @@
 //
 // Thread safety and signals
 //   Every function here is thread-safe and async-signal-safe, works in a
-//   forked child, and in static constructors (percpu initialises itself in a
-//   priority-101 constructor, before ordinary ones). None of them changes
-//   errno.
+//   forked child, and none of them changes errno. They work from the first
+//   constructor of the process on, before percpu's own (a priority-101
+//   constructor) and in a malloc replacement called during start-up: until
+//   start-up has run, the inline paths reject what they load and the slow
+//   path runs start-up first. Every id is in range from the first call.
+//   The thread pointer is read afresh at each call, so a coroutine or fiber
+//   resumed on another thread gets that thread's answer.
+//
+// Where percpu cannot answer for the caller
+//   A vfork() child, or a thread made with a raw clone(CLONE_VM) that shares
+//   its parent's TLS, has no rseq registration of its own but reads its
+//   parent's area: cpu_id() there is the parent's last CPU, and the per-CPU
+//   structures must not be used. POSIX allows such a child only exec and
+//   _exit anyway; threads made with pthread_create (or clone with CLONE_SETTLS
+//   and a TLS block of their own) are fine.
+//   Static TLS: percpu's TLS is initial-exec. A shared percpu loaded with
+//   dlopen needs room in the static TLS surplus (glibc reserves it; see
+//   glibc.rtld.optional_static_tls), and its object stays loaded for the
+//   rest of the process: the kernel keeps using the rseq areas and
+//   critical-section descriptors it holds, so percpu pins it against
+//   dlclose, whether it is libpercpu.so or a plugin that linked libpercpu.a.
 #pragma once
 
 #include <cstdint>
@@ -66,14 +84,18 @@ int node_id() noexcept;
 int concurrency_id() noexcept;
 
 // The number of possible CPU ids: one more than the highest id in
-// /sys/devices/system/cpu/possible (sparse masks handled), or the configured
-// processor count when that file cannot be read. Size per-CPU arrays by it.
+// /sys/devices/system/cpu/possible (sparse masks handled). Where /sys cannot
+// be read (containers, sandboxes), the size of the kernel's cpumask, which
+// bounds every id the kernel can report. Every id this header returns is
+// below it; size per-CPU arrays by it.
 int max_cpus() noexcept;
 
 // The mechanism serving the calling thread (registers rseq first if due).
 cpu_backend backend() noexcept;
 
-// Process-wide facts, for diagnostics and benchmarks.
+// Who registers rseq areas in this process, as seen from the calling thread:
+// none when this thread cannot have one (its registration failed: a seccomp
+// filter of its own, say) even if other threads do.
 rseq_owner rseq_ownership() noexcept;
 // How many bytes of the rseq area the kernel keeps current (20 before Linux
 // 6.3's AT_RSEQ_FEATURE_SIZE), or 0 when rseq is unavailable.
