@@ -5,7 +5,8 @@
 #
 # Groups: build (compiler, CMake, GoogleTest, Google Benchmark, CLI11),
 #         clang, valgrind, aarch64 (cross compiler, qemu-user, qemu-system),
-#         allocators (jemalloc, gperftools' tcmalloc).
+#         allocators (jemalloc, gperftools' tcmalloc),
+#         sync (TBB and liburcu, the benchmarks of shared_mutex and ref).
 set -euo pipefail
 
 packages=()
@@ -17,6 +18,7 @@ for group in "$@"; do
     valgrind) packages+=(valgrind) ;;
     aarch64) packages+=(g++-aarch64-linux-gnu qemu-user qemu-system-arm cpio) ;;
     allocators) packages+=(libjemalloc-dev libgoogle-perftools-dev) ;;
+    sync) packages+=(libtbb-dev liburcu-dev) ;;
     *) echo "deps.sh: unknown group '$group'" >&2; exit 2 ;;
   esac
 done

@@ -57,7 +57,7 @@ for l in "${lanes[@]}"; do
     aarch64-*) groups+=(aarch64) ;;
   esac
 done
-groups+=(allocators aarch64)  # benchmarks link the allocators; the aarch64 probe is always checked
+groups+=(allocators sync aarch64)  # benchmarks link the allocators, TBB and liburcu; the aarch64 probe is always checked
 "$root/scripts/deps.sh" "${groups[@]}" || exit 1
 
 configure_and_build() {  # dir, cmake args...

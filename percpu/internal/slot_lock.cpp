@@ -69,6 +69,22 @@ bool fence_cpu(int cpu) noexcept {
   return rc == 0;
 }
 
+// The plain expedited command has its own registration; same states.
+std::atomic<int> g_barrier_state{kFenceUnknown};
+
+int register_barrier() noexcept {
+  const int saved_errno = errno;
+  const long mask = sys_membarrier(MEMBARRIER_CMD_QUERY, 0, 0);
+  int state = kFenceMissing;
+  if (mask > 0 && (mask & MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 &&
+      sys_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0) {
+    state = kFenceReady;
+  }
+  errno = saved_errno;
+  g_barrier_state.store(state, std::memory_order_release);
+  return state;
+}
+
 bool section_users_possible() noexcept {
   return __atomic_load_n(&g_section_users, __ATOMIC_SEQ_CST) != 0;
 }
@@ -104,8 +120,29 @@ void simulate_missing_membarrier(bool on) noexcept {
   g_simulate_missing.store(on, std::memory_order_relaxed);
 }
 
+bool slot_fence_available() noexcept { return fence_available(); }
+
 bool remote_access_possible() noexcept {
   return !section_users_possible() || fence_available();
+}
+
+bool barrier_available() noexcept {
+  if (g_simulate_missing.load(std::memory_order_relaxed)) return false;
+  int state = g_barrier_state.load(std::memory_order_acquire);
+  if (state == kFenceUnknown) state = register_barrier();
+  return state == kFenceReady;
+}
+
+bool barrier_all() noexcept {
+  if (!barrier_available()) return false;
+  const int saved_errno = errno;
+  long rc = sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+  if (rc != 0 && errno == EPERM && register_barrier() == kFenceReady) {
+    rc = sys_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+  }
+  errno = saved_errno;
+  g_fences.fetch_add(1, std::memory_order_relaxed);
+  return rc == 0;
 }
 
 lock_result lock_slot(cpu_slot* slot, int cpu, std::intptr_t* value) noexcept {

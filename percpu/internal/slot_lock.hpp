@@ -100,6 +100,10 @@ lock_result lock_slot(cpu_slot* slot, int cpu, std::intptr_t* value) noexcept;
 void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept;
 // False when lock_slot would refuse: sections may run and there is no fence.
 bool remote_access_possible() noexcept;
+// Whether lock_slot can fence a CPU (membarrier with the RSEQ command),
+// whatever the section users: a structure that cannot count on it keeps its
+// owner sections off its slots from the start.
+bool slot_fence_available() noexcept;
 
 // Marks the calling thread as a section user (t_section_state, see
 // registration.hpp) and returns its new state: marked, or forced_locked
@@ -122,6 +126,19 @@ inline rseq_area* section_area() noexcept {
   }
   return mark_section_user() == section_user::marked ? area : nullptr;
 }
+
+// The process-wide barrier of percpu::shared_mutex and percpu::ref:
+// membarrier(PRIVATE_EXPEDITED), registered once per process (and again in a
+// forked child, where the registration does not survive). On return every
+// thread of the process that was running has executed a full memory barrier,
+// and every thread that was not running will pass through the scheduler,
+// which is one, before it runs again. So a thread's compiler barrier acts as
+// a full barrier against this call: the asymmetric Dekker both rely on.
+// barrier_available() is false without the command (old kernel, seccomp,
+// valgrind) or under simulate_missing_membarrier(); then barrier_all()
+// returns false and callers must make their readers fence for themselves.
+bool barrier_available() noexcept;
+bool barrier_all() noexcept;
 
 // Test seam: from now on the calling thread takes the locked path, as a
 // thread without rseq would, even though other threads run sections.

@@ -1,0 +1,229 @@
+// percpu::ref: slot mapping, the atomic paths, kill() and the debug checks.
+//
+// Why kill() counts every reference exactly once
+//   The true count is always
+//     (count_ - kBias while not folded) + sum over slots of (rseq word / 2 +
+//     atomic word).
+//   kill() takes each slot for good. The rseq word it takes with lock_slot
+//   (exchange with kSlotLocked, membarrier fence of that CPU, re-read): on
+//   acquired, no owner section that read the old value can still commit, and
+//   later sections see kSlotLocked, fail their compare and go to the atomic
+//   word. The atomic word it takes by exchange with kPoisoned; every update
+//   of it is a compare-exchange that refuses kPoisoned and goes to count_.
+//   So after its slot is taken, no get or put lands in a slot, and each value
+//   taken is final. kill() adds the values, takes away the bias and the
+//   initial reference in one fetch_add: from then on count_ alone is the
+//   count, and whoever moves it to zero runs the release function. Before
+//   that fetch_add count_ holds the bias, so nobody else can see zero.
+
+#include "percpu/ref.hpp"
+
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace percpu {
+
+namespace {
+
+// Owner-section attempts before a get or put takes an atomic word: aborts
+// come from preemption, migration and signals, and compare failures from a
+// concurrent section on the same CPU, so a few tries almost always succeed.
+constexpr int kRseqTries = 8;
+
+[[noreturn]] void die(const char* message) noexcept {
+  ssize_t ignored = write(STDERR_FILENO, message, std::strlen(message));
+  (void)ignored;
+  std::abort();
+}
+
+std::size_t slots_bytes(int count) { return 128 * static_cast<std::size_t>(count); }
+
+}  // namespace
+
+ref::ref(release_function release, void* context) noexcept
+    : count_(kBias + 1), release_(release), context_(context) {
+  const int count = max_cpus();
+  const int saved_errno = errno;
+  void* memory = mmap(nullptr, slots_bytes(count), PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  errno = saved_errno;
+  if (memory != MAP_FAILED) {
+    slots_ = static_cast<slot*>(memory);
+    slot_count_ = count;
+    // Owner sections may write a slot only if kill() will be able to fence
+    // its CPU; otherwise the words start locked and gets use the atomics.
+    rseq_on_slots_ = internal::kHaveRseqSections && internal::slot_fence_available();
+    if (!rseq_on_slots_) {
+      for (int i = 0; i < count; ++i) slots_[i].rseq.head = internal::kSlotLocked;
+    }
+  } else {
+    count_.store(1, std::memory_order_relaxed);  // no slots: exact from the start
+  }
+  register_for_fork();
+}
+
+ref::~ref() {
+  unregister_for_fork();
+#ifndef NDEBUG
+  if (killed() ? !released() : count() != 1) {
+    die(killed() ? "percpu::ref: destroyed after kill() with references outstanding\n"
+                 : "percpu::ref: destroyed with references taken by get() and not put\n");
+  }
+#endif
+  if (slots_ != nullptr) munmap(slots_, slots_bytes(slot_count_));
+}
+
+void ref::release_now() noexcept {
+  if (released_.exchange(1, std::memory_order_acq_rel) != 0) {
+    die("percpu::ref: the count reached zero twice (put without get)\n");
+  }
+  if (release_ != nullptr) release_(context_);
+}
+
+// The count_ path: exact once kill() folded the slots in, biased before.
+void ref::add_to_count(std::int64_t delta, bool only_if_alive, bool* added) noexcept {
+  if (only_if_alive) {
+    std::int64_t seen = count_.load(std::memory_order_relaxed);
+    do {
+      if (seen <= 0) {
+        *added = false;
+        return;
+      }
+    } while (!count_.compare_exchange_weak(seen, seen + delta, std::memory_order_acq_rel,
+                                           std::memory_order_relaxed));
+    *added = true;
+    return;
+  }
+  const std::int64_t before = count_.fetch_add(delta, std::memory_order_acq_rel);
+  const std::int64_t after = before + delta;
+#ifndef NDEBUG
+  if (delta > 0 && before <= 0) die("percpu::ref::get: the ref was already released\n");
+  if (after < 0) die("percpu::ref::put: more puts than gets\n");
+#endif
+  if (after == 0) release_now();
+  if (added != nullptr) *added = true;
+}
+
+void ref::add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept {
+  using internal::index_kind;
+  const unsigned count = static_cast<unsigned>(slot_count_);
+  if (count != 0) {
+    if (internal::rseq_area* area = rseq_on_slots_ ? internal::section_area() : nullptr) {
+      for (int tries = 0; tries < kRseqTries; ++tries) {
+        const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+        if (static_cast<unsigned>(cpu) >= count) break;
+        std::intptr_t* word = &slots_[cpu].rseq.head;
+        const std::intptr_t seen = __atomic_load_n(word, __ATOMIC_RELAXED);
+        if (seen == internal::kSlotLocked) break;
+        if (internal::rseq_cmpeqv_storev<index_kind::cpu_id>(area, word, seen, seen + 2 * delta,
+                                                             cpu) == 0) {
+          if (added != nullptr) *added = true;
+          return;
+        }
+      }
+    }
+    // Any slot's atomic word is correct; the current CPU's keeps the line local.
+    const unsigned cpu = static_cast<unsigned>(cpu_id());
+    std::atomic<std::int64_t>& word = slots_[cpu < count ? cpu : cpu % count].by_atomic;
+    std::int64_t seen = word.load(std::memory_order_relaxed);
+    while (seen != kPoisoned) {
+      if (word.compare_exchange_weak(seen, seen + delta, std::memory_order_acq_rel,
+                                     std::memory_order_relaxed)) {
+        if (added != nullptr) *added = true;
+        return;
+      }
+    }
+  }
+  add_to_count(delta, only_if_alive, added);
+}
+
+bool ref::try_get() noexcept {
+  // Before kill() folds the slots in, the initial reference keeps the count
+  // above zero, so the per-CPU paths may add; after, every slot is taken and
+  // add_slow ends at count_, which refuses zero.
+  using internal::index_kind;
+  if (internal::rseq_area* area = internal::section_area()) {
+    const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+    if (static_cast<unsigned>(cpu) < static_cast<unsigned>(slot_count_)) {
+      std::intptr_t* word = &slots_[cpu].rseq.head;
+      const std::intptr_t seen = *reinterpret_cast<volatile std::intptr_t*>(word);
+      if (seen != internal::kSlotLocked &&
+          internal::rseq_cmpeqv_storev<index_kind::cpu_id>(area, word, seen, seen + 2, cpu) == 0) {
+        return true;
+      }
+    }
+  }
+  bool added = false;
+  add_slow(1, true, &added);
+  return added;
+}
+
+void ref::kill() noexcept {
+  if (killed_.exchange(1, std::memory_order_acq_rel) != 0) {
+#ifndef NDEBUG
+    die("percpu::ref::kill: called twice\n");
+#else
+    return;
+#endif
+  }
+  while (__atomic_exchange_n(&kill_busy_, 1, __ATOMIC_ACQUIRE) != 0) sched_yield();
+  std::int64_t sum = 0;
+  for (int cpu = 0; cpu < slot_count_; ++cpu) {
+    slot& s = slots_[cpu];
+    if (rseq_on_slots_) {
+      std::intptr_t value = 0;
+      for (;;) {
+        const internal::lock_result r = internal::lock_slot(&s.rseq, cpu, &value);
+        if (r == internal::lock_result::acquired) break;
+        if (r == internal::lock_result::refused) {
+          // Sections may have written the word and cannot be fenced now
+          // (membarrier went away after construction): no exact count.
+          die("percpu::ref::kill: cannot fence the CPUs any more (membarrier failed)\n");
+        }
+        sched_yield();
+      }
+      // Taken for good: the word keeps kSlotLocked and the locker flag.
+      sum += value / 2;
+    }
+    sum += s.by_atomic.exchange(kPoisoned, std::memory_order_acq_rel);
+  }
+#if !defined(__x86_64__)
+  // A put's earlier loads must not be satisfied after the release function
+  // runs; on weakly ordered machines its plain store does not order them.
+  if (rseq_on_slots_) internal::barrier_all();
+#endif
+  const std::int64_t fold = slots_ != nullptr ? sum - kBias - 1 : -1;
+  const std::int64_t after = count_.fetch_add(fold, std::memory_order_acq_rel) + fold;
+  __atomic_store_n(&kill_busy_, 0, __ATOMIC_RELEASE);
+#ifndef NDEBUG
+  if (after < 0) die("percpu::ref::put: more puts than gets\n");
+#endif
+  if (after == 0) release_now();
+}
+
+std::int64_t ref::count() const noexcept {
+  std::int64_t total = count_.load(std::memory_order_acquire);
+  // Without the bias, count_ alone is the count: folded, or no slots.
+  if (total < kBias / 2) return total;
+  total -= kBias;
+  for (int cpu = 0; cpu < slot_count_; ++cpu) {
+    const std::intptr_t word = __atomic_load_n(&slots_[cpu].rseq.head, __ATOMIC_RELAXED);
+    if (word != internal::kSlotLocked) total += word / 2;
+    const std::int64_t atomic = slots_[cpu].by_atomic.load(std::memory_order_relaxed);
+    if (atomic != kPoisoned) total += atomic;
+  }
+  return total;
+}
+
+void ref::before_fork() noexcept {
+  while (__atomic_exchange_n(&kill_busy_, 1, __ATOMIC_ACQUIRE) != 0) sched_yield();
+}
+
+void ref::after_fork() noexcept { __atomic_store_n(&kill_busy_, 0, __ATOMIC_RELEASE); }
+
+}  // namespace percpu

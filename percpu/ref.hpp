@@ -1,0 +1,156 @@
+// percpu/ref.hpp: a reference count whose get() and put() touch only the
+// calling CPU's cache line until its owner kills it.
+//
+// What it is for
+//   Objects that many threads pin briefly (a module, a device, a cgroup in
+//   the kernel, a connection table here) and that one owner tears down once.
+//   Until kill(), get() and put() add to the CPU's slot with an rseq
+//   compare-and-store, no atomic read-modify-write. kill() drops the owner's
+//   initial reference and folds every slot into one atomic count; from then
+//   on get() and put() use that count, and the release function runs exactly
+//   once, when it reaches zero: after the last put, whichever CPU or thread
+//   makes it, and even if that put is on another CPU than its get.
+//
+// When not to use it
+//   When the count must be known while the object is alive (there is no
+//   cheap total before kill()), when kill() is frequent (it fences each CPU
+//   with a membarrier system call), or when memory is tight: two cache lines
+//   per possible CPU.
+//
+// Without rseq
+//   Threads without rseq add to an atomic word in the CPU's slot (one
+//   compare-exchange on a line no other CPU writes). kill() takes each slot
+//   with the remote-access protocol of percpu/internal/slot_lock.hpp: the
+//   rseq word by exchange and a membarrier fence of its CPU, the atomic word
+//   by exchange. Where the fence is unavailable (old kernel, seccomp,
+//   valgrind) the ref keeps rseq off its slots from construction and uses
+//   the atomic words only. If the slots cannot be mapped, everything goes to
+//   the single atomic count; still exact.
+//
+// Thread safety and signals
+//   get(), try_get() and put() are thread-safe and async-signal-safe (put()
+//   as long as the release function is, since it may run inside it); a
+//   reference may be put by another thread or on another CPU than its get.
+//   kill() is thread-safe but not async-signal-safe (it may wait for a fork
+//   in progress). The release function runs on the thread whose put() or
+//   kill() dropped the last reference.
+//
+// Misuse (debug builds, NDEBUG not defined: one line on stderr, then abort)
+//   kill() twice; a put() that takes the count below zero (seen once the
+//   count is atomic: at kill() or after it); get() after the release (use
+//   try_get()); destroying a ref with references outstanding.
+//
+// Fork
+//   The child gets the ref with the counts it had at the fork, as they were:
+//   references held by the parent's other threads stay counted. A kill() in
+//   progress in another thread finishes before the fork happens.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "percpu/cpu.hpp"
+#include "percpu/internal/rseq_cs.hpp"
+#include "percpu/internal/slot_lock.hpp"
+
+namespace percpu {
+
+class ref : private internal::fork_participant {
+ public:
+  using release_function = void (*)(void* context);
+
+  // Starts alive, in per-CPU mode, holding the owner's initial reference.
+  explicit ref(release_function release, void* context = nullptr) noexcept;
+  ~ref();
+  ref(const ref&) = delete;
+  ref& operator=(const ref&) = delete;
+
+  // Takes a reference. Before kill() it always succeeds; after it, only
+  // while references remain (else: debug builds abort; use try_get()).
+  void get() noexcept;
+  // Takes a reference unless the count already reached zero.
+  [[nodiscard]] bool try_get() noexcept;
+  // Drops a reference; runs the release function if it was the last one
+  // after kill().
+  void put() noexcept;
+
+  // Drops the owner's initial reference and switches to the atomic count.
+  void kill() noexcept;
+
+  bool killed() const noexcept { return killed_.load(std::memory_order_acquire) != 0; }
+  bool released() const noexcept { return released_.load(std::memory_order_acquire) != 0; }
+  // The number of references held. Exact once killed, or when nobody gets
+  // or puts meanwhile; otherwise somewhere between the counts before and after.
+  std::int64_t count() const noexcept;
+
+ private:
+  // The rseq word holds twice the CPU's share of the count, so it is always
+  // even and never internal::kSlotLocked, which kill() leaves in it.
+  struct alignas(64) slot {
+    internal::cpu_slot rseq;
+    alignas(64) std::atomic<std::int64_t> by_atomic;
+  };
+  static_assert(sizeof(slot) == 128, "two cache lines");
+
+  // While per-CPU slots exist, the atomic count carries this bias, so gets
+  // and puts that reach it before kill() folds the slots in cannot make it
+  // touch zero.
+  static constexpr std::int64_t kBias = std::int64_t{1} << 60;
+  static constexpr std::int64_t kPoisoned = INT64_MIN;
+
+  void add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept;
+  void add_to_count(std::int64_t delta, bool only_if_alive, bool* added) noexcept;
+  void release_now() noexcept;
+  void before_fork() noexcept override;
+  void after_fork() noexcept override;
+
+  slot* slots_ = nullptr;  // nullptr when mapping failed
+  int slot_count_ = 0;
+  bool rseq_on_slots_ = false;
+  std::atomic<std::int64_t> count_;
+  std::atomic<int> killed_{0};
+  std::atomic<int> released_{0};
+  int kill_busy_ = 0;  // held while kill() runs and across fork; atomics only
+  release_function release_;
+  void* context_;
+};
+
+// The hot path: a compare-and-store of the CPU's rseq word, value + 2. A
+// locked word (kill() took it) or an unregistered thread goes to add_slow().
+inline void ref::get() noexcept {
+  using internal::index_kind;
+  if (internal::rseq_area* area = internal::section_area()) {
+    const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+    if (__builtin_expect(static_cast<unsigned>(cpu) < static_cast<unsigned>(slot_count_), 1)) {
+      std::intptr_t* word = &slots_[cpu].rseq.head;
+      const std::intptr_t seen = *reinterpret_cast<volatile std::intptr_t*>(word);
+      if (__builtin_expect(seen != internal::kSlotLocked, 1) &&
+          __builtin_expect(internal::rseq_cmpeqv_storev<index_kind::cpu_id>(area, word, seen,
+                                                                              seen + 2, cpu) == 0,
+                           1)) {
+        return;
+      }
+    }
+  }
+  add_slow(1, false, nullptr);
+}
+
+inline void ref::put() noexcept {
+  using internal::index_kind;
+  if (internal::rseq_area* area = internal::section_area()) {
+    const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+    if (__builtin_expect(static_cast<unsigned>(cpu) < static_cast<unsigned>(slot_count_), 1)) {
+      std::intptr_t* word = &slots_[cpu].rseq.head;
+      const std::intptr_t seen = *reinterpret_cast<volatile std::intptr_t*>(word);
+      if (__builtin_expect(seen != internal::kSlotLocked, 1) &&
+          __builtin_expect(internal::rseq_cmpeqv_storev<index_kind::cpu_id>(area, word, seen,
+                                                                              seen - 2, cpu) == 0,
+                           1)) {
+        return;
+      }
+    }
+  }
+  add_slow(-1, false, nullptr);
+}
+
+}  // namespace percpu

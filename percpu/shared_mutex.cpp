@@ -1,0 +1,366 @@
+// percpu::shared_mutex: slow paths, writers, fork, and the debug checks.
+//
+// Why a reader and a writer never both get in
+//
+//   reader (lock_shared)                  writer (lock)
+//   R1  locks_[cpu] += 1                  W1  state_ |= kWriter
+//   R2  compiler barrier                  W2  membarrier(PRIVATE_EXPEDITED)
+//   R3  read state_                       W3  U = sum of unlocks_; fence;
+//                                             L = sum of locks_; wait until L == U
+//
+//   membarrier returns only after every thread of the process that was
+//   running has executed a full memory barrier, and a thread that was not
+//   running passes through the scheduler (a full barrier) before it runs
+//   again. So on each reader thread there is a point B, somewhere between
+//   the start and the end of W2, that acts as a full barrier between the
+//   reader's accesses before it and after it, and W1 is visible to all at
+//   the start of W2 (the system call entry is a full barrier).
+//   - If R3 comes after B, it sees kWriter: the reader backs out.
+//   - If R3 comes before B, so does R1 (program order, and the compiler
+//     barrier keeps the compiler from sinking R1 below R3). Then R1 is
+//     visible to every thread by the end of W2, and W3 counts it in L.
+//   Either the reader sees the writer or the writer sees the reader: never
+//   neither. This is Dekker's pattern with the reader's half of the fence
+//   paid by the writer's system call. In fence mode R2 is a real sequentially
+//   consistent fence and W2 a fence too: the same argument, symmetric.
+//
+// Why L == U means no reader is inside
+//   A reader may unlock on another CPU than it locked on, so one signed
+//   per-CPU count could read as zero while a reader holds the lock (its +1
+//   read before it landed, another reader's -1 read after it did). Locks and
+//   unlocks are therefore separate monotonic counts, and every unlock follows
+//   its own lock. W3 reads all unlocks first, fences, then all locks. A
+//   counted unlock's lock is visible by then: for a reader that got in, R1
+//   was visible by the end of W2 (above); a reader that backs out fences
+//   between its R1 and its back-out unlock. So L counts the lock of every
+//   counted unlock, plus the lock of every reader still inside: L == U only
+//   when no reader that got in before W1 is still inside, and readers after
+//   W1 back out.
+//
+// Why the writer sees what readers read, and readers what writers wrote
+//   A reader's loads inside its critical section must not return a value
+//   the next writer stores after it saw that reader's unlock. x86-64 never
+//   lets a load pass a later store, so the unlock increment orders them. On
+//   weaker architectures the writer issues a second membarrier after the
+//   counts balance: each reader's last loads come before its barrier point,
+//   which comes before the writer's stores. Writer to reader: unlock()
+//   stores state_ with release order, readers read it with acquire.
+//
+// Waiting
+//   A reader that sees kWriter backs out (a fence, then an unlock count),
+//   wakes the writer, and sleeps on state_ (a futex) until the generation
+//   changes. Writers sleep on drained_, which every reader that leaves while
+//   kWriter is set advances. Nobody spins on a flag another thread owns.
+
+#include "percpu/shared_mutex.hpp"
+
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "percpu/internal/futex.hpp"
+
+namespace percpu {
+
+namespace {
+
+// Checks of state before a writer sleeps: a reader's critical section is
+// usually short, so a few yields often end the wait without a system call.
+constexpr int kWriterYields = 16;
+// How long, in total, a writer lets the readers woken by the previous
+// writer's unlock get in before it announces itself.
+constexpr int kReaderTurnWaits = 4;
+constexpr long kReaderTurnWaitNs = 250 * 1000;
+
+[[noreturn]] void die(const char* message) noexcept {
+  ssize_t ignored = write(STDERR_FILENO, message, std::strlen(message));
+  (void)ignored;
+  std::abort();
+}
+
+#ifndef NDEBUG
+// The read locks the calling thread holds, for the debug checks. Entries
+// beyond the array are counted but not remembered; checks that would need
+// them are skipped.
+constexpr int kHeldSlots = 8;
+struct held_read_locks {
+  const void* mutex[kHeldSlots];
+  int count;
+};
+__thread held_read_locks t_held __attribute__((tls_model("initial-exec")));
+
+bool holds_read_lock(const void* mutex) noexcept {
+  const int stored = t_held.count < kHeldSlots ? t_held.count : kHeldSlots;
+  for (int i = 0; i < stored; ++i) {
+    if (t_held.mutex[i] == mutex) return true;
+  }
+  return false;
+}
+#endif
+
+}  // namespace
+
+namespace internal {
+
+void note_read_locked(const void* mutex) noexcept {
+#ifndef NDEBUG
+  const int n = t_held.count;
+  if (n < kHeldSlots) t_held.mutex[n] = mutex;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_held.count = n + 1;
+#else
+  (void)mutex;
+#endif
+}
+
+void note_read_unlocked(const void* mutex) noexcept {
+#ifndef NDEBUG
+  const int n = t_held.count;
+  const int stored = n < kHeldSlots ? n : kHeldSlots;
+  for (int i = stored - 1; i >= 0; --i) {
+    if (t_held.mutex[i] == mutex) {
+      t_held.mutex[i] = t_held.mutex[stored - 1];
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+      t_held.count = n - 1;
+      return;
+    }
+  }
+  if (n > kHeldSlots) {  // may be one of the entries not remembered
+    t_held.count = n - 1;
+    return;
+  }
+  die("percpu::shared_mutex::unlock_shared: this thread holds no read lock on this mutex\n");
+#else
+  (void)mutex;
+#endif
+}
+
+}  // namespace internal
+
+shared_mutex::~shared_mutex() {
+  if ((state_.load(std::memory_order_acquire) & kUninit) == 0) unregister_for_fork();
+}
+
+// Chooses the mode once per mutex: membarrier if the process can use it,
+// fences otherwise. The winner of the race registers the mutex for fork.
+std::uint32_t shared_mutex::initialize() noexcept {
+  const std::uint32_t mode = internal::barrier_available() ? 0 : kFences;
+  std::uint32_t seen = state_.load(std::memory_order_acquire);
+  while ((seen & kUninit) != 0) {
+    const std::uint32_t next = (seen & ~kUninit) | mode;
+    if (state_.compare_exchange_weak(seen, next, std::memory_order_acq_rel,
+                                     std::memory_order_acquire)) {
+      register_for_fork();
+      return next;
+    }
+  }
+  return seen;
+}
+
+// Undoes a lock increment that met a writer. The fence makes that increment
+// visible before the unlock that cancels it (see "Why L == U").
+void shared_mutex::back_out() noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  unlocks_.increment();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  drained_.fetch_add(1, std::memory_order_seq_cst);
+  internal::futex_wake_all(&drained_);
+}
+
+void shared_mutex::wait_for_writer(std::uint32_t seen) noexcept {
+#ifndef NDEBUG
+  if (holds_read_lock(this)) {
+    die("percpu::shared_mutex::lock_shared: this thread already holds a read lock and a writer "
+        "waits for it: deadlock\n");
+  }
+#endif
+  waiting_readers_.fetch_add(1, std::memory_order_seq_cst);
+  while ((seen & kWriter) != 0) {
+    internal::futex_wait(&state_, seen);
+    seen = state_.load(std::memory_order_acquire);
+  }
+  if (waiting_readers_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
+    internal::futex_wake_all(&waiting_readers_);
+  }
+}
+
+void shared_mutex::lock_shared_slow(std::uint32_t seen) noexcept {
+  // Our increment is already in locks_.
+  if ((seen & (kUninit | kWriter)) == 0) {  // fence mode, no writer seen
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    seen = state_.load(std::memory_order_seq_cst);
+    if ((seen & kWriter) == 0) return;
+  }
+  back_out();
+  for (;;) {
+    seen = state_.load(std::memory_order_acquire);
+    if ((seen & kUninit) != 0) seen = initialize();
+    if ((seen & kWriter) != 0) {
+      wait_for_writer(seen);
+      continue;
+    }
+    locks_.increment();
+    if ((seen & kFences) != 0) {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+    } else {
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+    }
+    seen = state_.load(std::memory_order_seq_cst);
+    if ((seen & kWriter) == 0) return;
+    back_out();
+  }
+}
+
+bool shared_mutex::try_lock_shared_slow(std::uint32_t seen) noexcept {
+  if ((seen & kUninit) != 0) {
+    // Nobody can have relied on a mode yet; choose it, then decide as the
+    // chosen mode would have.
+    seen = initialize();
+    if ((seen & kFences) != 0) std::atomic_thread_fence(std::memory_order_seq_cst);
+    seen = state_.load(std::memory_order_seq_cst);
+  } else if ((seen & kWriter) == 0) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    seen = state_.load(std::memory_order_seq_cst);
+  }
+  if ((seen & kWriter) == 0) return true;
+  back_out();
+  return false;
+}
+
+void shared_mutex::unlock_shared_slow(std::uint32_t seen) noexcept {
+  if ((seen & kWriter) == 0) {  // fence mode: order the increment before the check
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    seen = state_.load(std::memory_order_seq_cst);
+    if ((seen & kWriter) == 0) return;
+  }
+  drained_.fetch_add(1, std::memory_order_seq_cst);
+  internal::futex_wake_all(&drained_);
+}
+
+// Writers exclude each other with a three-state futex mutex.
+void shared_mutex::lock_writers() noexcept {
+  std::uint32_t expected = 0;
+  if (writers_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) return;
+  while (writers_.exchange(2, std::memory_order_acquire) != 0) internal::futex_wait(&writers_, 2);
+}
+
+void shared_mutex::unlock_writers() noexcept {
+  if (writers_.exchange(0, std::memory_order_release) == 2) internal::futex_wake(&writers_, 1);
+}
+
+// W2 of the proof, and on weakly ordered machines the second barrier.
+void shared_mutex::fence_readers(std::uint32_t state) noexcept {
+  if ((state & kFences) != 0) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  } else if (!internal::barrier_all()) {
+    // Readers rely on it and nothing else can stand in for it.
+    die("percpu::shared_mutex: membarrier failed after it was registered\n");
+  }
+}
+
+// W3: unlocks first, then locks (see "Why L == U").
+bool shared_mutex::readers_gone() const noexcept {
+  const std::int64_t unlocks = unlocks_.load();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const std::int64_t locks = locks_.load();
+  return locks == unlocks;
+}
+
+void shared_mutex::lock() noexcept {
+#ifndef NDEBUG
+  if (holds_read_lock(this)) {
+    die("percpu::shared_mutex::lock: this thread holds a read lock on this mutex: deadlock\n");
+  }
+#endif
+  lock_writers();
+  std::uint32_t state = state_.load(std::memory_order_acquire);
+  if ((state & kUninit) != 0) state = initialize();
+  // The readers the previous writer woke get in before this one announces.
+  for (int i = 0; i < kReaderTurnWaits; ++i) {
+    const std::uint32_t waiting = waiting_readers_.load(std::memory_order_seq_cst);
+    if (waiting == 0) break;
+    internal::futex_wait(&waiting_readers_, waiting, kReaderTurnWaitNs);
+  }
+  state = state_.fetch_or(kWriter, std::memory_order_seq_cst) | kWriter;
+  fence_readers(state);
+  for (int round = 0;; ++round) {
+    const std::uint32_t drained = drained_.load(std::memory_order_seq_cst);
+    if (readers_gone()) break;
+    if (round < kWriterYields) {
+      sched_yield();
+    } else {
+      internal::futex_wait(&drained_, drained);
+    }
+  }
+#if !defined(__x86_64__)
+  fence_readers(state);
+#endif
+#if defined(PERCPU_TSAN)
+  __tsan_acquire(this);
+#endif
+  writer_thread_.store(static_cast<std::uintptr_t>(pthread_self()), std::memory_order_relaxed);
+}
+
+bool shared_mutex::try_lock() noexcept {
+#ifndef NDEBUG
+  if (holds_read_lock(this)) {
+    die("percpu::shared_mutex::try_lock: this thread holds a read lock on this mutex\n");
+  }
+#endif
+  std::uint32_t expected = 0;
+  if (!writers_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) return false;
+  std::uint32_t state = state_.load(std::memory_order_acquire);
+  if ((state & kUninit) != 0) state = initialize();
+  state = state_.fetch_or(kWriter, std::memory_order_seq_cst) | kWriter;
+  fence_readers(state);
+  if (!readers_gone()) {
+    unlock();  // lets in the readers that backed out meanwhile
+    return false;
+  }
+#if !defined(__x86_64__)
+  fence_readers(state);
+#endif
+#if defined(PERCPU_TSAN)
+  __tsan_acquire(this);
+#endif
+  writer_thread_.store(static_cast<std::uintptr_t>(pthread_self()), std::memory_order_relaxed);
+  return true;
+}
+
+void shared_mutex::unlock() noexcept {
+#if defined(PERCPU_TSAN)
+  __tsan_release(this);
+#endif
+  const std::uint32_t state = state_.load(std::memory_order_relaxed);
+  if ((state & kWriter) == 0) {
+#ifndef NDEBUG
+    die("percpu::shared_mutex::unlock: the mutex is not locked for writing\n");
+#else
+    return;
+#endif
+  }
+  writer_thread_.store(0, std::memory_order_relaxed);
+  // Only the writer changes state_ once it is initialised.
+  state_.store((state & ~kWriter) + kGeneration, std::memory_order_seq_cst);
+  if (waiting_readers_.load(std::memory_order_seq_cst) != 0) internal::futex_wake_all(&state_);
+  unlock_writers();
+}
+
+// fork() waits for a writer in progress, so the child never inherits a
+// half-announced writer, but not for readers: a thread may fork (popen,
+// system) inside its own read section. A thread that forks while it holds
+// the write lock keeps it, in both processes.
+void shared_mutex::before_fork() noexcept {
+  const std::uintptr_t self = static_cast<std::uintptr_t>(pthread_self());
+  fork_took_writers_ = writer_thread_.load(std::memory_order_relaxed) != self;
+  if (fork_took_writers_) lock_writers();
+}
+
+void shared_mutex::after_fork() noexcept {
+  if (fork_took_writers_) unlock_writers();
+}
+
+}  // namespace percpu

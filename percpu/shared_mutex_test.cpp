@@ -1,0 +1,493 @@
+// Tests for percpu::shared_mutex: the standard lock wrappers, try_lock in
+// both directions, exclusion under 12 threads on 2 CPUs with affinity flips
+// and timer signals (a writer's plain pair must never be seen torn), readers
+// that unlock on another CPU, progress of writers and readers, fence mode
+// (membarrier hidden), fork with readers holding and with a writer waiting,
+// and the debug-build misuse checks. The mode variants (.glibc, .own,
+// .fallback) run all of it on each path.
+
+#include "percpu/shared_mutex.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <vector>
+
+#include "percpu/internal/slot_lock.hpp"
+#include "tests/stress/stress.hpp"
+
+namespace percpu {
+namespace {
+
+namespace stress = percpu::stress;
+
+constexpr int kWorkers = 12;
+
+// Constant-initialised: usable before main and from any static constructor.
+shared_mutex g_global;
+
+TEST(SharedMutexTest, GlobalWorksWithTheStandardWrappers) {
+  { std::shared_lock<shared_mutex> r(g_global); }
+  { std::unique_lock<shared_mutex> w(g_global); }
+  {
+    shared_mutex other;
+    std::scoped_lock both(g_global, other);
+  }
+  { std::shared_lock<shared_mutex> r(g_global); }
+}
+
+TEST(SharedMutexTest, ReadersShareWritersExclude) {
+  shared_mutex m;
+  m.lock_shared();
+  std::thread([&] {
+    EXPECT_TRUE(m.try_lock_shared()) << "readers share";
+    m.unlock_shared();
+    EXPECT_FALSE(m.try_lock()) << "a reader holds it";
+  }).join();
+  m.unlock_shared();
+  std::thread([&] {
+    EXPECT_TRUE(m.try_lock());
+    m.unlock();
+  }).join();
+  m.lock();
+  std::thread([&] {
+    EXPECT_FALSE(m.try_lock_shared()) << "a writer holds it";
+    EXPECT_FALSE(m.try_lock()) << "a writer holds it";
+  }).join();
+  m.unlock();
+  EXPECT_TRUE(m.try_lock_shared());
+  m.unlock_shared();
+}
+
+TEST(SharedMutexTest, WriterWaitsForTheReaderAndNewReadersWaitForTheWriter) {
+  shared_mutex m;
+  std::atomic<int> phase{0};
+  m.lock_shared();
+  std::thread writer([&] {
+    m.lock();
+    phase.store(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    phase.store(2);
+    m.unlock();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(phase.load(), 0) << "the writer got in while a reader held the lock";
+  std::atomic<int> reader_saw{-1};
+  std::thread late_reader([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // after the writer announced
+    m.lock_shared();
+    reader_saw.store(phase.load());
+    m.unlock_shared();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  m.unlock_shared();
+  writer.join();
+  late_reader.join();
+  EXPECT_EQ(reader_saw.load(), 2) << "a reader that came after a waiting writer went first";
+}
+
+// ---- exclusion under load ----------------------------------------------------
+
+// Written by writers with plain stores, inside the lock only. A reader that
+// sees first != second saw a writer's half-done update.
+struct guarded_pair {
+  std::uint64_t first = 0;
+  char gap[64];
+  std::uint64_t second = 0;
+};
+
+constexpr int kSignal = SIGUSR2;
+shared_mutex* g_signal_mutex = nullptr;
+guarded_pair* g_signal_pair = nullptr;
+std::atomic<long> g_signal_torn{0};
+std::atomic<long> g_signal_reads{0};
+
+// try_lock_shared never waits, so it is safe even when the interrupted code
+// holds the lock while a writer waits.
+void on_signal(int) {
+  shared_mutex* m = g_signal_mutex;
+  if (m == nullptr) return;
+  if (m->try_lock_shared()) {
+    const std::uint64_t a = *static_cast<volatile std::uint64_t*>(&g_signal_pair->first);
+    const std::uint64_t b = *static_cast<volatile std::uint64_t*>(&g_signal_pair->second);
+    if (a != b) g_signal_torn.fetch_add(1, std::memory_order_relaxed);
+    g_signal_reads.fetch_add(1, std::memory_order_relaxed);
+    m->unlock_shared();
+  }
+}
+
+struct run_options {
+  bool flip_affinity = false;
+  bool signals = false;
+  int writers = 2;
+  std::chrono::milliseconds length{400};
+};
+
+struct run_result {
+  long reads = 0, writes = 0, torn = 0;
+};
+
+run_result hammer(shared_mutex& m, const run_options& options) {
+  const std::vector<int> cpus = stress::test_cpus(2);
+  const std::vector<int> saved = stress::allowed_cpus();
+  EXPECT_TRUE(stress::restrict_to(cpus));
+  guarded_pair pair;
+  if (options.signals) {
+    g_signal_torn.store(0);
+    g_signal_reads.store(0);
+    g_signal_pair = &pair;
+    g_signal_mutex = &m;
+    stress::install_handler(kSignal, on_signal);
+  }
+  std::atomic<long> reads{0}, writes{0}, torn{0};
+  {
+    stress::worker_group workers(kWorkers, [&](int w, const stress::stop_flag& stop) {
+      std::unique_ptr<stress::thread_signal_timer> timer;
+      if (options.signals) timer.reset(new stress::thread_signal_timer(kSignal, 5000));
+      long mine = 0, bad = 0;
+      const bool writer = w < options.writers;
+      while (!stop) {
+        if (writer) {
+          std::unique_lock<shared_mutex> lock(m);
+          volatile std::uint64_t* first = &pair.first;
+          *first = *first + 1;
+          for (int i = 0; i < 50; ++i) std::atomic_signal_fence(std::memory_order_seq_cst);
+          pair.second = pair.first;
+          ++mine;
+        } else {
+          std::shared_lock<shared_mutex> lock(m);
+          const std::uint64_t a = *static_cast<volatile std::uint64_t*>(&pair.first);
+          for (int i = 0; i < 20; ++i) std::atomic_signal_fence(std::memory_order_seq_cst);
+          const std::uint64_t b = *static_cast<volatile std::uint64_t*>(&pair.second);
+          if (a != b) ++bad;
+          ++mine;
+        }
+      }
+      (writer ? writes : reads).fetch_add(mine);
+      torn.fetch_add(bad);
+    });
+    std::unique_ptr<stress::affinity_flipper> flipper;
+    if (options.flip_affinity) {
+      flipper.reset(new stress::affinity_flipper(workers, cpus, std::chrono::microseconds(300)));
+    }
+    stress::sleep_scaled(options.length);
+    if (flipper) flipper->stop();
+    workers.stop_and_join();
+  }
+  run_result result;
+  result.reads = reads.load();
+  result.writes = writes.load();
+  result.torn = torn.load();
+  if (options.signals) {
+    g_signal_mutex = nullptr;
+    result.torn += g_signal_torn.load();
+    std::printf("signal handlers read %ld times\n", g_signal_reads.load());
+  }
+  stress::restrict_to(saved);
+  EXPECT_EQ(pair.first, static_cast<std::uint64_t>(result.writes));
+  EXPECT_EQ(pair.second, pair.first);
+  // The lock must be free and balanced afterwards.
+  EXPECT_TRUE(m.try_lock());
+  m.unlock();
+  std::printf("reads %ld, writes %ld, torn %ld\n", result.reads, result.writes, result.torn);
+  return result;
+}
+
+TEST(SharedMutexStressTest, Oversubscribed) {
+  shared_mutex m;
+  const run_result r = hammer(m, {});
+  EXPECT_EQ(r.torn, 0);
+  EXPECT_GT(r.reads, 0);
+  EXPECT_GT(r.writes, 0);
+}
+
+TEST(SharedMutexStressTest, AffinityFlippingAndTimerSignals) {
+  shared_mutex m;
+  run_options options;
+  options.flip_affinity = true;
+  options.signals = true;
+  const run_result r = hammer(m, options);
+  EXPECT_EQ(r.torn, 0);
+  EXPECT_GT(r.reads, 0);
+  EXPECT_GT(r.writes, 0);
+}
+
+// Fence mode: the mutex is first used while membarrier is hidden, so its
+// readers fence for themselves.
+TEST(SharedMutexStressTest, FenceModeWithoutMembarrier) {
+  internal::simulate_missing_membarrier(true);
+  shared_mutex m;
+  m.lock_shared();  // chooses the mode now
+  m.unlock_shared();
+  internal::simulate_missing_membarrier(false);
+  const unsigned long fences_before = internal::fence_count();
+  run_options options;
+  options.flip_affinity = true;
+  const run_result r = hammer(m, options);
+  EXPECT_EQ(r.torn, 0);
+  EXPECT_GT(r.writes, 0);
+  EXPECT_EQ(internal::fence_count(), fences_before) << "a fence-mode writer issued membarrier";
+}
+
+// Writers keep coming, so readers must still get in between them; and a
+// stream of readers must not keep a writer out. The test fails by timing
+// out if either side starves.
+TEST(SharedMutexStressTest, NeitherSideStarves) {
+  shared_mutex m;
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to(stress::test_cpus(2)));
+  const long wanted = stress::scaled(200);
+  std::atomic<long> reader_rounds{0}, writer_rounds{0};
+  {
+    stress::worker_group workers(kWorkers, [&](int w, const stress::stop_flag&) {
+      if (w < 4) {
+        for (long i = 0; i < wanted; ++i) {
+          std::unique_lock<shared_mutex> lock(m);
+          writer_rounds.fetch_add(1);
+        }
+      } else {
+        for (long i = 0; i < wanted; ++i) {
+          std::shared_lock<shared_mutex> lock(m);
+          reader_rounds.fetch_add(1);
+        }
+      }
+    });
+    workers.join();
+  }
+  stress::restrict_to(saved);
+  EXPECT_EQ(writer_rounds.load(), 4 * wanted);
+  EXPECT_EQ(reader_rounds.load(), (kWorkers - 4) * wanted);
+}
+
+// Lock on one CPU, unlock on the other, many times, while a writer checks
+// that the counts still balance.
+TEST(SharedMutexStressTest, ReaderUnlocksOnAnotherCpu) {
+  const std::vector<int> cpus = stress::test_cpus(2);
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs to migrate between; this run allows one";
+  const std::vector<int> saved = stress::allowed_cpus();
+  shared_mutex m;
+  guarded_pair pair;
+  std::atomic<bool> stop{false};
+  std::atomic<long> writes{0};
+  std::thread writer([&] {
+    while (!stop.load()) {
+      std::unique_lock<shared_mutex> lock(m);
+      pair.first = pair.first + 1;
+      pair.second = pair.first;
+      writes.fetch_add(1);
+    }
+  });
+  const long rounds = stress::scaled(400);
+  long torn = 0;
+  for (long i = 0; i < rounds; ++i) {
+    ASSERT_TRUE(stress::restrict_to({cpus[i % 2]}));
+    m.lock_shared();
+    ASSERT_TRUE(stress::restrict_to({cpus[(i + 1) % 2]}));
+    const std::uint64_t a = *static_cast<volatile std::uint64_t*>(&pair.first);
+    const std::uint64_t b = *static_cast<volatile std::uint64_t*>(&pair.second);
+    if (a != b) ++torn;
+    m.unlock_shared();
+  }
+  stop.store(true);
+  writer.join();
+  stress::restrict_to(saved);
+  EXPECT_EQ(torn, 0);
+  EXPECT_GT(writes.load(), 0);
+  EXPECT_TRUE(m.try_lock()) << "locks and unlocks on different CPUs must still balance";
+  m.unlock();
+}
+
+// ---- fork ----------------------------------------------------------------------
+
+int child_uses(shared_mutex& m) {
+  guarded_pair pair;
+  std::atomic<long> torn{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 2000; ++i) {
+        if (t == 0) {
+          std::unique_lock<shared_mutex> lock(m);
+          pair.first = pair.first + 1;
+          pair.second = pair.first;
+        } else {
+          std::shared_lock<shared_mutex> lock(m);
+          if (*static_cast<volatile std::uint64_t*>(&pair.first) !=
+              *static_cast<volatile std::uint64_t*>(&pair.second)) {
+            torn.fetch_add(1);
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  if (torn.load() != 0 || pair.first != 2000) return 1;
+  if (!m.try_lock()) return 2;
+  m.unlock();
+  return 0;
+}
+
+// TSan's runtime cannot start threads in the child of a multithreaded fork
+// (the tsan lane leaves such cases to the other lanes).
+#if defined(PERCPU_TSAN)
+#define PERCPU_SKIP_MULTITHREADED_FORK() \
+  GTEST_SKIP() << "TSan cannot start threads in the child of a multithreaded fork"
+#else
+#define PERCPU_SKIP_MULTITHREADED_FORK() (void)0
+#endif
+
+int child_reads(shared_mutex& m) {
+  std::vector<std::thread> threads;
+  std::atomic<long> reads{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        std::shared_lock<shared_mutex> lock(m);
+        reads.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return reads.load() == 4 * 2000 ? 0 : 1;
+}
+
+// Other threads hold read locks when the main thread forks: fork does not
+// wait for them, and the child can read.
+TEST(SharedMutexStressTest, ForkWhileReadersHoldIt) {
+  PERCPU_SKIP_MULTITHREADED_FORK();
+  shared_mutex m;
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to(stress::test_cpus(2)));
+  int children = 0;
+  {
+    stress::worker_group readers(4, [&](int, const stress::stop_flag& stop) {
+      while (!stop) {
+        std::shared_lock<shared_mutex> lock(m);
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    });
+    const auto until = std::chrono::steady_clock::now() + stress::scaled(std::chrono::milliseconds(300));
+    while (std::chrono::steady_clock::now() < until) {
+      // Readers of threads the child does not have may still be counted, so
+      // the child only reads (see "Fork" in the header).
+      const int status = stress::run_in_child([&m] { return child_reads(m); }, std::chrono::seconds(60));
+      ++children;
+      EXPECT_EQ(status, 0) << "child " << children;
+    }
+    readers.stop_and_join();
+  }
+  stress::restrict_to(saved);
+  EXPECT_GT(children, 0);
+  EXPECT_TRUE(m.try_lock());
+  m.unlock();
+}
+
+// Another thread holds a read lock and a writer waits for it when the main
+// thread forks: fork waits for the writer (which waits for the reader), so
+// the child gets the mutex with no writer and no reader, and can write.
+TEST(SharedMutexStressTest, ForkWhileAWriterWaits) {
+  PERCPU_SKIP_MULTITHREADED_FORK();
+  shared_mutex m;
+  std::atomic<int> reader_holds{0}, writer_in{0};
+  std::thread reader([&] {
+    m.lock_shared();
+    reader_holds.store(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    m.unlock_shared();
+  });
+  while (reader_holds.load() == 0) std::this_thread::yield();
+  std::thread writer([&] {
+    m.lock();
+    writer_in.store(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    m.unlock();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(writer_in.load(), 0) << "the writer must be waiting for the reader";
+  const int status = stress::run_in_child([&m] { return child_uses(m); }, std::chrono::seconds(60));
+  EXPECT_EQ(status, 0);
+  reader.join();
+  writer.join();
+  EXPECT_EQ(writer_in.load(), 1);
+}
+
+// The forking thread's own read lock comes with it into the child.
+TEST(SharedMutexStressTest, ForkInsideAReadSection) {
+  shared_mutex m;
+  m.lock_shared();
+  const int status = stress::run_in_child(
+      [&m] {
+        m.unlock_shared();
+        return child_uses(m);
+      },
+      std::chrono::seconds(60));
+  EXPECT_EQ(status, 0);
+  m.unlock_shared();
+  EXPECT_TRUE(m.try_lock());
+  m.unlock();
+}
+
+// And a writer's write lock comes with it too.
+TEST(SharedMutexStressTest, ForkInsideAWriteSection) {
+  shared_mutex m;
+  m.lock();
+  const int status = stress::run_in_child(
+      [&m] {
+        m.unlock();
+        return child_uses(m);
+      },
+      std::chrono::seconds(60));
+  EXPECT_EQ(status, 0);
+  m.unlock();
+  EXPECT_TRUE(m.try_lock_shared());
+  m.unlock_shared();
+}
+
+// ---- misuse ------------------------------------------------------------------
+
+#ifndef NDEBUG
+TEST(SharedMutexDeathTest, UnlockSharedWithoutLockAborts) {
+  shared_mutex m;
+  EXPECT_DEATH(m.unlock_shared(), "unlock_shared: this thread holds no read lock");
+}
+
+TEST(SharedMutexDeathTest, UnlockWithoutLockAborts) {
+  shared_mutex m;
+  EXPECT_DEATH(m.unlock(), "unlock: the mutex is not locked for writing");
+}
+
+TEST(SharedMutexDeathTest, LockWhileHoldingAReadLockAborts) {
+  shared_mutex m;
+  m.lock_shared();
+  EXPECT_DEATH(m.lock(), "lock: this thread holds a read lock");
+  m.unlock_shared();
+}
+
+TEST(SharedMutexDeathTest, RecursiveReadLockBehindAWaitingWriterAborts) {
+  EXPECT_DEATH(
+      {
+        shared_mutex m;
+        m.lock_shared();
+        std::thread writer([&] { m.lock(); });
+        writer.detach();
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        m.lock_shared();
+      },
+      "already holds a read lock and a writer waits");
+}
+#else
+TEST(SharedMutexTest, MisuseChecksNeedDebugBuilds) {
+  GTEST_SKIP() << "NDEBUG is defined: the misuse checks are compiled out";
+}
+#endif
+
+}  // namespace
+}  // namespace percpu
