@@ -43,6 +43,9 @@ free_list::~free_list() {
   delete[] slots_;
 }
 
+// Waits for every flag while holding the ones already taken: safe by rule
+// R3 of percpu/internal/slot_lock.hpp (every holder finishes without waiting
+// for anything).
 void free_list::before_fork() noexcept {
   for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);
   internal::wait_for_consumer(&overflow_);

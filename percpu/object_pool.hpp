@@ -36,11 +36,14 @@
 //
 // Thread safety and signals
 //   allocate, deallocate and trim are thread-safe. deallocate is
-//   async-signal-safe. allocate is async-signal-safe too, except that inside a
-//   handler that interrupted this same pool's depot work on the same thread it
-//   returns nullptr rather than deadlock. trim is not async-signal-safe.
-//   Construction and destruction are not thread-safe. fork() is supported: the
-//   child keeps using the pool.
+//   async-signal-safe. allocate is async-signal-safe too, with one limit: a
+//   handler that interrupted its thread inside a slow path of percpu's
+//   structures (this pool's or another's) never waits for the depot, so if it
+//   finds its cache unavailable and the depot busy it returns nullptr rather
+//   than risk a deadlock. trim is not async-signal-safe. Construction and
+//   destruction are not thread-safe. fork() is supported, from any thread and
+//   while other threads and their signal handlers use the pool: the child
+//   keeps using it.
 #pragma once
 
 #include <cstddef>
@@ -143,8 +146,8 @@ class object_pool final : private internal::fork_participant {
   // free_list.hpp for why the terminator is not nullptr).
   node end_;
 
-  // The depot, behind depot_owner_ (a thread pointer, 0 when free).
-  alignas(64) std::uintptr_t depot_owner_;
+  // The depot, behind depot_flag_ (a flag of percpu/internal/slot_lock.hpp).
+  alignas(64) int depot_flag_;
   node* depot_free_;
   std::intptr_t depot_count_;
   chunk* chunks_;  // newest first; prepended with release, read lock-free

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -75,18 +76,63 @@ bool section_users_possible() noexcept {
   return __atomic_load_n(&g_section_users, __ATOMIC_SEQ_CST) != 0;
 }
 
+// The number of flags this thread holds. A signal handler that takes and
+// releases flags leaves it as it found it, so the interrupted code's plain
+// read-modify-write stays right; the signal fences keep the compiler from
+// moving the count past the flag's own atomics.
+__thread int t_flags_held __attribute__((tls_model("initial-exec"))) = 0;
+
 bool try_take(int* flag) noexcept {
   if (__atomic_load_n(flag, __ATOMIC_RELAXED) != 0) return false;
-  return __atomic_exchange_n(flag, 1, __ATOMIC_ACQUIRE) == 0;
+  // Counted before the exchange: a handler arriving right after it must see
+  // that this thread holds the flag.
+  t_flags_held = t_flags_held + 1;
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  if (__atomic_exchange_n(flag, 1, __ATOMIC_ACQUIRE) == 0) return true;
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  t_flags_held = t_flags_held - 1;
+  return false;
 }
 
+void release(int* flag) noexcept {
+  __atomic_store_n(flag, 0, __ATOMIC_RELEASE);
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  t_flags_held = t_flags_held - 1;
+}
+
+// Spins, then yields, then sleeps briefly: a holder that was preempted (many
+// waiters on few CPUs, or an emulator) gets the CPU back sooner than under a
+// storm of yields, which the scheduler may answer by running the yielder
+// again. nanosleep is async-signal-safe.
 void wait_for(int* flag) noexcept {
   for (int spins = 0; !try_take(flag); ++spins) {
-    if (spins > 64) sched_yield();
+    if (spins < 64) continue;
+    if (spins < 256) {
+      sched_yield();
+    } else {
+      const int saved_errno = errno;
+      struct timespec pause = {0, 50 * 1000};
+      nanosleep(&pause, nullptr);
+      errno = saved_errno;
+    }
   }
 }
 
 }  // namespace
+
+bool try_take_flag(int* flag) noexcept { return try_take(flag); }
+
+bool take_flag(int* flag) noexcept {
+  if (t_flags_held != 0) return try_take(flag);
+  wait_for(flag);
+  return true;
+}
+
+void release_flag(int* flag) noexcept { release(flag); }
+
+int flags_held() noexcept { return t_flags_held; }
+
+void wait_for_flag(int* flag) noexcept { wait_for(flag); }
 
 int mark_section_user() noexcept {
   if (t_section_state == 2) return 2;
@@ -111,13 +157,12 @@ bool remote_access_possible() noexcept {
 }
 
 lock_result lock_slot(cpu_slot* slot, int cpu, std::intptr_t* value) noexcept {
-  if (!try_take(&slot->locker)) return lock_result::busy;
   // Decide before touching the head whether a fence will be possible, so a
-  // refusal never leaves kSlotLocked behind.
-  if (section_users_possible() && !fence_available()) {
-    release_locker(slot);
-    return lock_result::refused;
-  }
+  // refusal never leaves kSlotLocked behind; and before taking the flag, so
+  // a first registration (a slow system call) never runs under it. Users
+  // that appear after this check are caught after the exchange below.
+  if (section_users_possible() && !fence_available()) return lock_result::refused;
+  if (!try_take(&slot->locker)) return lock_result::busy;
   for (int round = 0; round < kFenceRounds; ++round) {
     const std::intptr_t taken = __atomic_exchange_n(&slot->head, kSlotLocked, __ATOMIC_SEQ_CST);
     if (!section_users_possible()) {
@@ -152,15 +197,11 @@ void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept {
 
 void wait_for_locker(cpu_slot* slot) noexcept { wait_for(&slot->locker); }
 
-void release_locker(cpu_slot* slot) noexcept {
-  __atomic_store_n(&slot->locker, 0, __ATOMIC_RELEASE);
-}
+void release_locker(cpu_slot* slot) noexcept { release(&slot->locker); }
 
 void wait_for_consumer(side_stack* stack) noexcept { wait_for(&stack->consumer); }
 
-void release_consumer(side_stack* stack) noexcept {
-  __atomic_store_n(&stack->consumer, 0, __ATOMIC_RELEASE);
-}
+void release_consumer(side_stack* stack) noexcept { release(&stack->consumer); }
 
 void side_push(side_stack* stack, side_node* first, side_node* last) noexcept {
   std::intptr_t head = __atomic_load_n(&stack->head, __ATOMIC_RELAXED);

@@ -64,9 +64,34 @@
 //   takes every participant's flags, so the child never inherits a slot that
 //   a thread which does not exist there holds.
 //
+// Flags, waiting, and why nothing deadlocks
+//   Every flag of every structure (slot lockers, side-stack consumers, the
+//   object_pool depot) is taken through take_flag / try_take_flag and given
+//   back through release_flag, which keep a per-thread count of the flags the
+//   thread holds. Three rules:
+//   R1. A thread waits for a flag only while it holds none (take_flag checks
+//       the count; with one held it makes a single attempt and reports
+//       failure). A signal handler that interrupted a holder therefore never
+//       waits: its thread's count is not zero. Callers have a non-waiting
+//       fallback for that failure (the side stack, or nullptr where the
+//       header allows it).
+//   R2. A holder does a bounded amount of work and releases: it never waits
+//       for anything while holding (by R1), and nothing it does blocks (the
+//       only system calls under a flag are membarrier and mmap).
+//   R3. The fork handler is the one exception to R1: it waits for every flag
+//       while holding those it already took. It is safe because every thread
+//       it can wait for is a holder, and by R2 (and R1 for any handler
+//       stacked on that holder) the holder releases without waiting for
+//       anything, in particular not for a flag the fork handler holds.
+//   So no cycle exists in the waits-for graph: the only threads that wait
+//   hold nothing (no one can wait for them), except the fork handler, which
+//   waits only for threads that do not wait. A signal handler on the forking
+//   thread itself sees its thread's count above zero and does not wait either.
+//   Registration of fork participants (a mutex, not a flag) is never done
+//   while holding a flag.
+//
 // Async-signal-safe: everything here except register/unregister of fork
-// participants. Nothing here waits for a flag another thread holds, except the
-// fork handler.
+// participants.
 #pragma once
 
 #include <cstddef>
@@ -160,12 +185,23 @@ class fork_participant {
   fork_participant* next_ = nullptr;
 };
 
-// Takes a slot's locker flag, waiting for it (fork preparation, destructors).
-// Holders never keep the flag across anything that can block, so this ends.
+// The flags (see "Flags, waiting, and why nothing deadlocks" above). A flag
+// is an int, 0 free and 1 held, touched with atomics only.
+// One attempt; true when the caller now holds the flag.
+bool try_take_flag(int* flag) noexcept;
+// Waits for the flag if the calling thread holds no flag (R1); otherwise one
+// attempt. True when the caller now holds the flag.
+bool take_flag(int* flag) noexcept;
+void release_flag(int* flag) noexcept;
+// How many flags the calling thread holds (0 outside percpu's slow paths).
+int flags_held() noexcept;
+
+// The fork handler's waits (R3): take the flag even while holding others.
 void wait_for_locker(cpu_slot* slot) noexcept;
 void release_locker(cpu_slot* slot) noexcept;
 void wait_for_consumer(side_stack* stack) noexcept;
 void release_consumer(side_stack* stack) noexcept;
+void wait_for_flag(int* flag) noexcept;
 
 }  // namespace internal
 }  // namespace percpu
