@@ -36,6 +36,8 @@ free_list::free_list() : slot_count_(max_cpus()) {
     slots_[i].locker = 0;
   }
   register_for_fork();
+  // Cheap now if the program has not started threads yet; see slot_lock.hpp.
+  (void)internal::prepare_remote_fences();
 }
 
 free_list::~free_list() {

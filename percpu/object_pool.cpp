@@ -114,6 +114,8 @@ object_pool::object_pool(const options& opts) {
     slots_[i].locker = 0;
   }
   register_for_fork();
+  // Cheap now if the program has not started threads yet; see slot_lock.hpp.
+  (void)internal::prepare_remote_fences();
 }
 
 object_pool::~object_pool() {

@@ -9,7 +9,10 @@
 #include "percpu/object_pool.hpp"
 
 #include <gtest/gtest.h>
+#include <linux/membarrier.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -145,6 +148,37 @@ TEST(ObjectPoolTest, TrimRefusesCachesItCannotFence) {
   internal::simulate_missing_membarrier(false);
   expect_all_home(pool);
   stress::restrict_to(saved);
+}
+
+// Asks, before main and before any structure exists, for the fence that
+// trim() and steals use, without registering: the kernel refuses it with
+// EPERM unless the process is already registered. 0 means it was.
+long membarrier(int command, unsigned flags, int cpu) {
+  return syscall(__NR_membarrier, command, flags, cpu);
+}
+const int g_fence_errno_before_main = [] {
+  const int cpu = sched_getcpu();
+  const long rc = membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU,
+                             cpu < 0 ? 0 : cpu);
+  return rc == 0 ? 0 : errno;
+}();
+
+// The registration the fence needs waits for an RCU grace period once the
+// process has threads; percpu does it at load, while the program still has
+// one, so no later trim() or steal pays for it.
+TEST(ObjectPoolTest, RemoteFencesAreRegisteredAtLoad) {
+  if (g_fence_errno_before_main == 0) return;  // registered before main: what we want
+  const long mask = membarrier(MEMBARRIER_CMD_QUERY, 0, 0);
+  if (mask < 0 || (mask & MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0) {
+    GTEST_SKIP() << "this kernel (or emulator) has no membarrier RSEQ fence";
+  }
+  if (membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) != 0) {
+    GTEST_SKIP() << "the membarrier RSEQ registration is refused here (errno " << errno << ")";
+  }
+  ADD_FAILURE() << "the process was not registered for the membarrier RSEQ fence at load "
+                   "(the fence failed with errno "
+                << g_fence_errno_before_main
+                << "): the first trim() or steal in a threaded program waits for a grace period";
 }
 
 TEST(ObjectPoolDeathTest, MisuseIsReportedClearly) {

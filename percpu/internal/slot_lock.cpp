@@ -3,6 +3,8 @@
 
 #include "percpu/internal/slot_lock.hpp"
 
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <sched.h>
@@ -12,6 +14,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 
 namespace percpu {
 namespace internal {
@@ -50,6 +53,40 @@ int register_fence() noexcept {
   errno = saved_errno;
   g_fence_state.store(state, std::memory_order_release);
   return state;
+}
+
+enum class thread_count { one, more, unknown };
+
+// Whether the process has a single thread: glibc's __libc_single_threaded
+// (looked up, so older C libraries still load us), else the thread count in
+// /proc/self/stat, else unknown (static binaries, no /proc).
+thread_count process_threads() noexcept {
+  if (const auto* flag =
+          static_cast<const volatile char*>(dlsym(RTLD_DEFAULT, "__libc_single_threaded"))) {
+    // Cleared by the first pthread_create: "more" may mean "had more".
+    return *flag != 0 ? thread_count::one : thread_count::more;
+  }
+  const int saved_errno = errno;
+  thread_count result = thread_count::unknown;
+  const int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buffer[512];
+    const ssize_t n = read(fd, buffer, sizeof(buffer) - 1);
+    close(fd);
+    if (n > 0) {
+      buffer[n] = '\0';
+      // The command name may hold spaces and parentheses, so fields are
+      // counted from the last ')'; num_threads (see proc(5)) follows the
+      // eighteenth space after it.
+      const char* p = strrchr(buffer, ')');
+      for (int field = 0; p != nullptr && field < 18; ++field) p = strchr(p + 1, ' ');
+      if (p != nullptr) {
+        result = p[1] == '1' && p[2] == ' ' ? thread_count::one : thread_count::more;
+      }
+    }
+  }
+  errno = saved_errno;
+  return result;
 }
 
 bool fence_available() noexcept {
@@ -155,6 +192,29 @@ void simulate_missing_membarrier(bool on) noexcept {
 bool remote_access_possible() noexcept {
   return !section_users_possible() || fence_available();
 }
+
+namespace {
+
+bool prepare_fences_unless(thread_count refuse) noexcept {
+  const int state = g_fence_state.load(std::memory_order_acquire);
+  if (state != kFenceUnknown) return state == kFenceReady;
+  const thread_count threads = process_threads();
+  if (threads == thread_count::more || threads == refuse) return false;
+  return register_fence() == kFenceReady;
+}
+
+// See prepare_remote_fences in the header. Runs after percpu's own start-up
+// constructor and before the program's static constructors (which may start
+// threads). At load an unknown thread count is taken as one: a static binary
+// without /proc is still starting, and only a library loaded later into a
+// threaded process could be wrong, which costs the same stall as before.
+__attribute__((constructor(102))) void prepare_remote_fences_at_load() {
+  (void)prepare_fences_unless(thread_count::more);
+}
+
+}  // namespace
+
+bool prepare_remote_fences() noexcept { return prepare_fences_unless(thread_count::unknown); }
 
 lock_result lock_slot(cpu_slot* slot, int cpu, std::intptr_t* value) noexcept {
   // Decide before touching the head whether a fence will be possible, so a

@@ -91,7 +91,7 @@
 //   while holding a flag.
 //
 // Async-signal-safe: everything here except register/unregister of fork
-// participants.
+// participants and prepare_remote_fences.
 #pragma once
 
 #include <cstddef>
@@ -125,6 +125,36 @@ lock_result lock_slot(cpu_slot* slot, int cpu, std::intptr_t* value) noexcept;
 void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept;
 // False when lock_slot would refuse: sections may run and there is no fence.
 bool remote_access_possible() noexcept;
+
+// Registers the process for membarrier's RSEQ fence now, when that is cheap,
+// and reports whether the fence is ready.
+//
+// Why: the fence needs a one-time registration per process
+// (MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ). In a process with more
+// than one thread the kernel makes that registration wait for an RCU grace
+// period (sync_runqueues_membarrier_state in kernel/sched/membarrier.c), which
+// on a loaded machine stalls the caller for a long, visible time; with a
+// single user of the address space it skips the wait and costs a system call.
+// Registered lazily, the first trim(), steal or take_all() paid the stall.
+//
+// Where: percpu registers at load, from a constructor in slot_lock.cpp, which
+// is linked in exactly when a program uses free_list or object_pool (in a
+// shared build, always); a program is single-threaded then. The structures'
+// constructors call this again, for programs that create their first
+// structure before starting threads but were loaded without the constructor
+// registering (an unknown thread count). The registration survives fork()
+// (the child's address space copies it) and is undone by exec(), whose new
+// image runs the constructor again.
+//
+// This function registers only when it knows the process has one thread;
+// otherwise it does nothing and the first remote access registers, as
+// before: a stall is better than a wrong fence, and starting a thread behind
+// the program's back to absorb it is not this library's call. (The load-time
+// constructor also registers when the count is unknown, e.g. a static binary
+// without /proc, since a program is almost always single-threaded then.)
+// Cheap once the state is known (one atomic load). Not async-signal-safe:
+// the first call may look a symbol up with dlsym.
+bool prepare_remote_fences() noexcept;
 
 // Per-thread section state. 1: the thread is marked and may run owner
 // sections; 0: not marked yet; 2: test seam, the thread behaves as if it had
