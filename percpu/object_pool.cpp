@@ -82,6 +82,11 @@ object_pool::object_pool(const options& opts) {
                                 " is not a power of two no larger than " +
                                 std::to_string(kMaxAlignment));
   }
+  if (opts.cache_capacity > max_cache_capacity) {
+    throw std::invalid_argument("percpu::object_pool: cache capacity " +
+                                std::to_string(opts.cache_capacity) + " is above the maximum " +
+                                std::to_string(max_cache_capacity));
+  }
   alignment_ = opts.alignment < alignof(node) ? alignof(node) : opts.alignment;
   object_size_ = opts.object_size;
   stride_ = round_up(object_size_ < sizeof(node) ? sizeof(node) : object_size_, alignment_);

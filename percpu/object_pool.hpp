@@ -26,7 +26,10 @@
 // Errors and misuse
 //   The constructor throws std::invalid_argument for a zero or oversized
 //   object size, an alignment that is not a power of two or too large, or a
-//   zero cache capacity. allocate() returns nullptr when memory is exhausted.
+//   cache capacity too large for the caches' depth arithmetic. A zero cache
+//   capacity or batch picks a default (see options); a batch above the
+//   capacity is lowered to it. allocate() returns nullptr when memory is
+//   exhausted.
 //   With checks on (options::checks; on by default unless NDEBUG), a
 //   deallocate() of a pointer this pool did not hand out (foreign, misaligned
 //   or interior), a double free, and an object handed out twice print one
@@ -62,8 +65,10 @@ class object_pool final : private internal::fork_participant {
     std::size_t object_size = 0;
     std::size_t alignment = alignof(std::max_align_t);
     // Objects each CPU's cache may hold; 0 picks a default from the size.
+    // At most max_cache_capacity.
     std::size_t cache_capacity = 0;
-    // Objects moved per cache refill or spill; 0 picks half the capacity.
+    // Objects moved per cache refill or spill; 0 picks half the capacity,
+    // and a batch above the capacity is lowered to it.
     std::size_t batch = 0;
 #ifdef NDEBUG
     bool checks = false;
@@ -71,6 +76,10 @@ class object_pool final : private internal::fork_participant {
     bool checks = true;
 #endif
   };
+
+  // The largest options::cache_capacity accepted: a cache's depth plus a
+  // batch must not overflow the depth counters.
+  static constexpr std::size_t max_cache_capacity = PTRDIFF_MAX / 4;
 
   explicit object_pool(std::size_t object_size,
                        std::size_t alignment = alignof(std::max_align_t));

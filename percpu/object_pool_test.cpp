@@ -75,6 +75,43 @@ TEST(ObjectPoolTest, BadArgumentsThrowWithAClearMessage) {
   }
 }
 
+// options::cache_capacity = 0 and batch = 0 pick defaults (the header says
+// so, and the constructor agrees); a capacity the depth arithmetic cannot
+// hold is refused with a clear message; a batch above the capacity is
+// lowered to it.
+TEST(ObjectPoolTest, CacheCapacityZeroPicksADefaultAndTooLargeThrows) {
+  object_pool::options o;
+  o.object_size = 64;
+  o.cache_capacity = 0;
+  o.batch = 0;
+  object_pool by_default(o);
+  EXPECT_GT(by_default.cache_capacity(), 0u);
+  EXPECT_GT(by_default.batch(), 0u);
+  EXPECT_LE(by_default.batch(), by_default.cache_capacity());
+  void* p = by_default.allocate();
+  ASSERT_NE(p, nullptr);
+  by_default.deallocate(p);
+
+  o.cache_capacity = 8;
+  o.batch = 100;
+  object_pool lowered(o);
+  EXPECT_EQ(lowered.cache_capacity(), 8u);
+  EXPECT_EQ(lowered.batch(), 8u);
+
+  o.batch = 0;
+  o.cache_capacity = object_pool::max_cache_capacity;
+  EXPECT_NO_THROW(object_pool{o});
+  for (std::size_t bad : {object_pool::max_cache_capacity + 1, std::size_t{SIZE_MAX}}) {
+    o.cache_capacity = bad;
+    try {
+      object_pool pool(o);
+      ADD_FAILURE() << "cache capacity " << bad << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::strstr(e.what(), "cache capacity"), nullptr) << e.what();
+    }
+  }
+}
+
 TEST(ObjectPoolTest, ObjectsAreDistinctAlignedAndOwned) {
   for (std::size_t size : {1, 8, 24, 100, 4096}) {
     for (std::size_t align : {8, 64, 256}) {
