@@ -119,8 +119,16 @@ bool section_users_possible() noexcept {
 // moving the count past the flag's own atomics.
 __thread int t_flags_held __attribute__((tls_model("initial-exec"))) = 0;
 
+// Set while a fork handler takes and holds every flag. Other threads then
+// fail to take flags (every caller has a way not to wait, or holds nothing
+// while it waits), so the fork handler waits only for the holders of the
+// moment instead of competing with threads that keep re-taking the flags.
+int g_fork_pending = 0;
+__thread int t_forking __attribute__((tls_model("initial-exec"))) = 0;
+
 bool try_take(int* flag) noexcept {
   if (__atomic_load_n(flag, __ATOMIC_RELAXED) != 0) return false;
+  if (__atomic_load_n(&g_fork_pending, __ATOMIC_RELAXED) != 0 && t_forking == 0) return false;
   // Counted before the exchange: a handler arriving right after it must see
   // that this thread holds the flag.
   t_flags_held = t_flags_held + 1;
@@ -307,10 +315,14 @@ struct fork_registry {
 
   static void prepare() noexcept {
     pthread_mutex_lock(&mutex);
+    t_forking = 1;
+    __atomic_store_n(&g_fork_pending, 1, __ATOMIC_SEQ_CST);
     for (fork_participant* p = first; p != nullptr; p = p->next_) p->before_fork();
   }
   static void release() noexcept {
     for (fork_participant* p = first; p != nullptr; p = p->next_) p->after_fork();
+    __atomic_store_n(&g_fork_pending, 0, __ATOMIC_RELEASE);
+    t_forking = 0;
     pthread_mutex_unlock(&mutex);
   }
   static void install() noexcept {

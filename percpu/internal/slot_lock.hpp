@@ -83,6 +83,9 @@
 //       it can wait for is a holder, and by R2 (and R1 for any handler
 //       stacked on that holder) the holder releases without waiting for
 //       anything, in particular not for a flag the fork handler holds.
+//   While the fork handler runs, other threads' attempts to take a flag
+//   fail (so it waits only for the holders of that moment, not for threads
+//   that keep re-taking flags); a thread that waits meanwhile holds nothing.
 //   So no cycle exists in the waits-for graph: the only threads that wait
 //   hold nothing (no one can wait for them), except the fork handler, which
 //   waits only for threads that do not wait. A signal handler on the forking
