@@ -50,8 +50,13 @@ std::int64_t read_rseq_word(const std::intptr_t* word) {
 
 counter::block counter::unmapped_block_ = {0};
 
+// Leaves the counter as a constant-initialised one would be, so a use after
+// destruction (a static destructor of another translation unit that still
+// counts) reads zero and maps fresh slots instead of touching the unmapped
+// block.
 counter::~counter() {
-  block* b = block_.load(std::memory_order_acquire);
+  block* b = block_.exchange(&unmapped_block_, std::memory_order_acq_rel);
+  unmapped_.store(0, std::memory_order_relaxed);
   if (b != &unmapped_block_) munmap(b, block_bytes(b->count));
 }
 

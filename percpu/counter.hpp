@@ -12,9 +12,25 @@
 // When not to use it
 //   When you need the total on every update (use std::atomic), when reads
 //   are as frequent as writes (load() walks max_cpus() cache lines), or for
-//   a value that must never be observed half-updated across slots: load()
-//   taken while other threads add is some value between the totals before
-//   and after those adds, not a snapshot.
+//   a value that must never be observed half-updated across slots, such as a
+//   gauge that goes up and down: see "What load() returns".
+//
+// What load() returns
+//   load() reads the slots one after another while adds go on, so it is not
+//   a snapshot. Each add is counted whole or not at all, and the result is the
+//   sum of every add that happened before load() began plus some subset of
+//   the adds that overlap it. Any subset: a thread migrating between slots
+//   can have a later add counted and an earlier one not. So when every delta
+//   has the same sign, the result lies between the totals before and after
+//   load(); with mixed signs it need not. A gauge whose threads each add +1
+//   then -1 (never below zero at any instant) can read negative: the -1 of a
+//   thread was counted and its +1, made on a slot the walk had already
+//   passed, was not. It can likewise read above any total it ever had.
+//   There is no exact snapshot read: one would need every add to tell
+//   readers it is under way (a second store, which breaks the single
+//   committing store of the rseq section, or a shared cache line) or the
+//   reader to stop the writers of every CPU. Once the adding threads are done
+//   (joined or otherwise synchronised with), load() is exact.
 //
 // Without rseq
 //   Threads that have no rseq area (old kernel, seccomp, valgrind, qemu-user,
@@ -38,7 +54,10 @@
 //   the adding threads are done (joined or otherwise synchronised with).
 //   Construction is constexpr, so a global counter is constant-initialised
 //   and usable from static constructors. Destroying a counter while another
-//   thread still adds to it is undefined, as for any object.
+//   thread still adds to it is undefined, as for any object. The destructor
+//   returns the counter to its constant-initialised state, so a late use
+//   from another static destructor reads zero, and a late add() maps fresh
+//   slots (never freed) instead of writing unmapped memory.
 #pragma once
 
 #include <atomic>

@@ -11,10 +11,12 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -74,6 +76,29 @@ TEST(CounterTest, ExtremeDeltas) {
   c.add(INT64_MAX / 2);
   c.add(-(INT64_MAX / 2));
   EXPECT_EQ(c.load(), INT64_MAX / 2);
+}
+
+// A counter used after its destructor, as a static destructor of another
+// translation unit might: it must read zero and count again, not write to
+// the block the destructor unmapped. Run in a child, so a wild access fails
+// the test instead of the binary.
+TEST(CounterTest, UseAfterDestructionTouchesNoFreedMemory) {
+  const int status = stress::run_in_child(
+      [] {
+        alignas(counter) unsigned char storage[sizeof(counter)];
+        counter* c = new (storage) counter;
+        c->add(7);
+        if (c->load() != 7) return 1;
+        c->~counter();
+        if (c->load() != 0) return 2;
+        c->add(5);
+        if (c->load() != 5) return 3;
+        c->~counter();
+        return 0;
+      },
+      std::chrono::seconds(60));
+  EXPECT_EQ(status, 0) << "1: bad count before destruction; 2: a destroyed counter does not "
+                          "read zero; 3: a late add was lost; 128+n: killed by signal n";
 }
 
 #ifdef NDEBUG
@@ -255,6 +280,66 @@ TEST(CounterStressTest, RseqAndFallbackThreadsOnTheSameSlots) {
     EXPECT_EQ(on_rseq.load(), kWorkers / 2);
     EXPECT_EQ(on_fallback.load(), kWorkers / 2);
   }
+}
+
+// A gauge: each worker adds +1 then -1, so the true value is always between
+// zero and the number of workers. load() is not a snapshot (counter.hpp, "What
+// load() returns"): it counts every add that happened before it began and
+// any subset of the overlapping ones. The workers publish how many adds of
+// each sign they finished; around each load() the reader takes those counts,
+// which bound what the documented guarantee allows:
+//   ups_before - (downs_after + workers) <= load() <= ups_after + workers - downs_before
+// (an add still in flight is not yet in the published counts, at most one per
+// worker). Reads outside [0, workers], which the guarantee permits, are
+// printed, not required.
+TEST(CounterStressTest, GaugeReadsStayWithinTheDocumentedBounds) {
+  counter c;
+  const std::vector<int> cpus = stress::test_cpus(2);
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to(cpus));
+  constexpr int kGaugeWorkers = 6;
+  std::atomic<long> ups{0}, downs{0};
+  long samples = 0, outside_range = 0, violations = 0;
+  std::int64_t lowest = 0, highest = 0;
+  {
+    stress::worker_group workers(kGaugeWorkers, [&](int, const stress::stop_flag& stop) {
+      while (!stop) {
+        c.add(1);
+        ups.fetch_add(1);
+        c.add(-1);
+        downs.fetch_add(1);
+      }
+    });
+    stress::affinity_flipper flipper(workers, cpus, std::chrono::microseconds(300));
+    const auto until =
+        std::chrono::steady_clock::now() + stress::scaled(std::chrono::milliseconds(400));
+    while (std::chrono::steady_clock::now() < until) {
+      const long ups_before = ups.load(), downs_before = downs.load();
+      const std::int64_t value = c.load();
+      const long ups_after = ups.load(), downs_after = downs.load();
+      ++samples;
+      if (value < ups_before - downs_after - kGaugeWorkers ||
+          value > ups_after + kGaugeWorkers - downs_before) {
+        if (violations++ == 0) {
+          ADD_FAILURE() << "load() " << value << " outside the guarantee: ups " << ups_before
+                        << ".." << ups_after << ", downs " << downs_before << ".." << downs_after;
+        }
+      }
+      if (value < 0 || value > kGaugeWorkers) ++outside_range;
+      lowest = std::min(lowest, value);
+      highest = std::max(highest, value);
+    }
+    flipper.stop();
+    workers.stop_and_join();
+  }
+  stress::restrict_to(saved);
+  std::printf("%ld loads, %ld outside [0, %d] (lowest %lld, highest %lld)\n", samples,
+              outside_range, kGaugeWorkers, static_cast<long long>(lowest),
+              static_cast<long long>(highest));
+  EXPECT_GT(samples, 0);
+  EXPECT_EQ(violations, 0);
+  EXPECT_EQ(c.load(), 0) << "exact once the workers are joined";
+  EXPECT_EQ(ups.load(), downs.load());
 }
 
 // The parent's workers keep adding while the main thread forks; the child

@@ -36,6 +36,8 @@ free_list::free_list() : slot_count_(max_cpus()) {
     slots_[i].locker = 0;
   }
   register_for_fork();
+  // Cheap now if the program has not started threads yet; see slot_lock.hpp.
+  (void)internal::prepare_remote_fences();
 }
 
 free_list::~free_list() {
@@ -43,6 +45,9 @@ free_list::~free_list() {
   delete[] slots_;
 }
 
+// Waits for every flag while holding the ones already taken: safe by rule
+// R3 of percpu/internal/slot_lock.hpp (every holder finishes without waiting
+// for anything).
 void free_list::before_fork() noexcept {
   for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);
   internal::wait_for_consumer(&overflow_);

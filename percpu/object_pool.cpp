@@ -13,7 +13,6 @@
 #include <string>
 
 #include "percpu/cpu.hpp"
-#include "percpu/internal/thread_pointer.hpp"
 
 namespace percpu {
 
@@ -51,10 +50,6 @@ std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to *
   std::abort();
 }
 
-std::uintptr_t self_id() noexcept {
-  return reinterpret_cast<std::uintptr_t>(internal::thread_pointer());
-}
-
 }  // namespace
 
 // The header at the start of every chunk, then the allocation bitmap (used
@@ -87,6 +82,11 @@ object_pool::object_pool(const options& opts) {
                                 " is not a power of two no larger than " +
                                 std::to_string(kMaxAlignment));
   }
+  if (opts.cache_capacity > max_cache_capacity) {
+    throw std::invalid_argument("percpu::object_pool: cache capacity " +
+                                std::to_string(opts.cache_capacity) + " is above the maximum " +
+                                std::to_string(max_cache_capacity));
+  }
   alignment_ = opts.alignment < alignof(node) ? alignof(node) : opts.alignment;
   object_size_ = opts.object_size;
   stride_ = round_up(object_size_ < sizeof(node) ? sizeof(node) : object_size_, alignment_);
@@ -104,7 +104,7 @@ object_pool::object_pool(const options& opts) {
 
   end_.next = &end_;
   end_.depth = 0;
-  depot_owner_ = 0;
+  depot_flag_ = 0;
   depot_free_ = nullptr;
   depot_count_ = 0;
   chunks_ = nullptr;
@@ -119,6 +119,8 @@ object_pool::object_pool(const options& opts) {
     slots_[i].locker = 0;
   }
   register_for_fork();
+  // Cheap now if the program has not started threads yet; see slot_lock.hpp.
+  (void)internal::prepare_remote_fences();
 }
 
 object_pool::~object_pool() {
@@ -131,39 +133,31 @@ object_pool::~object_pool() {
   delete[] slots_;
 }
 
+// Waits for every flag while holding the ones already taken: safe by rule
+// R3 of percpu/internal/slot_lock.hpp (every holder finishes without waiting
+// for anything). The depot comes last only to keep it held for the shortest
+// time, so threads that wait for it (holding nothing) are kept waiting least.
 void object_pool::before_fork() noexcept {
-  while (!depot_lock()) sched_yield();
   for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);
   internal::wait_for_consumer(&overflow_);
+  internal::wait_for_flag(&depot_flag_);
 }
 
 void object_pool::after_fork() noexcept {
+  internal::release_flag(&depot_flag_);
   internal::release_consumer(&overflow_);
   for (int i = 0; i < slot_count_; ++i) internal::release_locker(&slots_[i]);
-  depot_unlock();
 }
 
 // ---- depot ---------------------------------------------------------------
 
-// A spin-then-yield lock that knows its owner, so a signal handler that
-// interrupted depot work on the same thread is told "no" instead of
-// deadlocking. Holders never block while holding it except in mmap.
-bool object_pool::depot_lock() noexcept {
-  const std::uintptr_t self = self_id();
-  if (__atomic_load_n(&depot_owner_, __ATOMIC_RELAXED) == self) return false;
-  for (int spins = 0;; ++spins) {
-    std::uintptr_t expected = 0;
-    if (__atomic_compare_exchange_n(&depot_owner_, &expected, self, false, __ATOMIC_ACQUIRE,
-                                    __ATOMIC_RELAXED)) {
-      return true;
-    }
-    if (spins > 32) sched_yield();
-  }
-}
+// Waits for the depot only when this thread holds no other flag of percpu
+// (rule R1 of percpu/internal/slot_lock.hpp). False: the thread holds one
+// (it is a signal handler that interrupted a slow path, possibly this
+// depot's own holder) and the depot was busy; the caller must not wait.
+bool object_pool::depot_lock() noexcept { return internal::take_flag(&depot_flag_); }
 
-void object_pool::depot_unlock() noexcept {
-  __atomic_store_n(&depot_owner_, 0, __ATOMIC_RELEASE);
-}
+void object_pool::depot_unlock() noexcept { internal::release_flag(&depot_flag_); }
 
 bool object_pool::carve_chunk_locked() noexcept {
   // Map twice the size and keep the aligned middle, so the chunk of any
@@ -241,7 +235,7 @@ object_pool::node* object_pool::depot_take(std::intptr_t want, node** last,
 }
 
 // Gives first..last (count objects) to the depot, or to the overflow stack
-// when the depot lock is this thread's own (a handler interrupted it).
+// when this thread may not wait for the depot and it is busy.
 void object_pool::depot_give(node* first, node* last, std::intptr_t count) noexcept {
   if (!depot_lock()) {
     internal::side_push(&overflow_, reinterpret_cast<internal::side_node*>(first),
@@ -368,7 +362,9 @@ void* object_pool::allocate_slow() noexcept {
   if (!has_sections) result = pop_home_locked(cpu_id() % slot_count_);
   if (result == nullptr) result = reinterpret_cast<node*>(internal::side_pop(&overflow_));
   if (result == nullptr) {
-    if (!depot_lock()) return nullptr;  // a handler re-entering this thread's depot work
+    // A handler that interrupted a flag holder on this thread, with the depot
+    // busy: waiting could deadlock (slot_lock.hpp, R1), so report nothing.
+    if (!depot_lock()) return nullptr;
     node* last = nullptr;
     std::intptr_t got = 0;
     result = depot_take(batch_ + 1, &last, &got);

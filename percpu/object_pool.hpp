@@ -26,7 +26,10 @@
 // Errors and misuse
 //   The constructor throws std::invalid_argument for a zero or oversized
 //   object size, an alignment that is not a power of two or too large, or a
-//   zero cache capacity. allocate() returns nullptr when memory is exhausted.
+//   cache capacity too large for the caches' depth arithmetic. A zero cache
+//   capacity or batch picks a default (see options); a batch above the
+//   capacity is lowered to it. allocate() returns nullptr when memory is
+//   exhausted.
 //   With checks on (options::checks; on by default unless NDEBUG), a
 //   deallocate() of a pointer this pool did not hand out (foreign, misaligned
 //   or interior), a double free, and an object handed out twice print one
@@ -36,11 +39,14 @@
 //
 // Thread safety and signals
 //   allocate, deallocate and trim are thread-safe. deallocate is
-//   async-signal-safe. allocate is async-signal-safe too, except that inside a
-//   handler that interrupted this same pool's depot work on the same thread it
-//   returns nullptr rather than deadlock. trim is not async-signal-safe.
-//   Construction and destruction are not thread-safe. fork() is supported: the
-//   child keeps using the pool.
+//   async-signal-safe. allocate is async-signal-safe too, with one limit: a
+//   handler that interrupted its thread inside a slow path of percpu's
+//   structures (this pool's or another's) never waits for the depot, so if it
+//   finds its cache unavailable and the depot busy it returns nullptr rather
+//   than risk a deadlock. trim is not async-signal-safe. Construction and
+//   destruction are not thread-safe. fork() is supported, from any thread and
+//   while other threads and their signal handlers use the pool: the child
+//   keeps using it.
 #pragma once
 
 #include <cstddef>
@@ -59,8 +65,10 @@ class object_pool final : private internal::fork_participant {
     std::size_t object_size = 0;
     std::size_t alignment = alignof(std::max_align_t);
     // Objects each CPU's cache may hold; 0 picks a default from the size.
+    // At most max_cache_capacity.
     std::size_t cache_capacity = 0;
-    // Objects moved per cache refill or spill; 0 picks half the capacity.
+    // Objects moved per cache refill or spill; 0 picks half the capacity,
+    // and a batch above the capacity is lowered to it.
     std::size_t batch = 0;
 #ifdef NDEBUG
     bool checks = false;
@@ -68,6 +76,10 @@ class object_pool final : private internal::fork_participant {
     bool checks = true;
 #endif
   };
+
+  // The largest options::cache_capacity accepted: a cache's depth plus a
+  // batch must not overflow the depth counters.
+  static constexpr std::size_t max_cache_capacity = PTRDIFF_MAX / 4;
 
   explicit object_pool(std::size_t object_size,
                        std::size_t alignment = alignof(std::max_align_t));
@@ -143,8 +155,8 @@ class object_pool final : private internal::fork_participant {
   // free_list.hpp for why the terminator is not nullptr).
   node end_;
 
-  // The depot, behind depot_owner_ (a thread pointer, 0 when free).
-  alignas(64) std::uintptr_t depot_owner_;
+  // The depot, behind depot_flag_ (a flag of percpu/internal/slot_lock.hpp).
+  alignas(64) int depot_flag_;
   node* depot_free_;
   std::intptr_t depot_count_;
   chunk* chunks_;  // newest first; prepended with release, read lock-free

@@ -9,7 +9,11 @@
 #include "percpu/object_pool.hpp"
 
 #include <gtest/gtest.h>
+#include <linux/membarrier.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,13 +21,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
 #include "percpu/cpu.hpp"
+#include "percpu/free_list.hpp"
 #include "percpu/internal/slot_lock.hpp"
 #include "tests/stress/stress.hpp"
 
@@ -65,6 +72,43 @@ TEST(ObjectPoolTest, BadArgumentsThrowWithAClearMessage) {
     ADD_FAILURE() << "alignment 24 accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::strstr(e.what(), "alignment 24"), nullptr) << e.what();
+  }
+}
+
+// options::cache_capacity = 0 and batch = 0 pick defaults (the header says
+// so, and the constructor agrees); a capacity the depth arithmetic cannot
+// hold is refused with a clear message; a batch above the capacity is
+// lowered to it.
+TEST(ObjectPoolTest, CacheCapacityZeroPicksADefaultAndTooLargeThrows) {
+  object_pool::options o;
+  o.object_size = 64;
+  o.cache_capacity = 0;
+  o.batch = 0;
+  object_pool by_default(o);
+  EXPECT_GT(by_default.cache_capacity(), 0u);
+  EXPECT_GT(by_default.batch(), 0u);
+  EXPECT_LE(by_default.batch(), by_default.cache_capacity());
+  void* p = by_default.allocate();
+  ASSERT_NE(p, nullptr);
+  by_default.deallocate(p);
+
+  o.cache_capacity = 8;
+  o.batch = 100;
+  object_pool lowered(o);
+  EXPECT_EQ(lowered.cache_capacity(), 8u);
+  EXPECT_EQ(lowered.batch(), 8u);
+
+  o.batch = 0;
+  o.cache_capacity = object_pool::max_cache_capacity;
+  EXPECT_NO_THROW(object_pool{o});
+  for (std::size_t bad : {object_pool::max_cache_capacity + 1, std::size_t{SIZE_MAX}}) {
+    o.cache_capacity = bad;
+    try {
+      object_pool pool(o);
+      ADD_FAILURE() << "cache capacity " << bad << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::strstr(e.what(), "cache capacity"), nullptr) << e.what();
+    }
   }
 }
 
@@ -141,6 +185,37 @@ TEST(ObjectPoolTest, TrimRefusesCachesItCannotFence) {
   internal::simulate_missing_membarrier(false);
   expect_all_home(pool);
   stress::restrict_to(saved);
+}
+
+// Asks, before main and before any structure exists, for the fence that
+// trim() and steals use, without registering: the kernel refuses it with
+// EPERM unless the process is already registered. 0 means it was.
+long membarrier(int command, unsigned flags, int cpu) {
+  return syscall(__NR_membarrier, command, flags, cpu);
+}
+const int g_fence_errno_before_main = [] {
+  const int cpu = sched_getcpu();
+  const long rc = membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU,
+                             cpu < 0 ? 0 : cpu);
+  return rc == 0 ? 0 : errno;
+}();
+
+// The registration the fence needs waits for an RCU grace period once the
+// process has threads; percpu does it at load, while the program still has
+// one, so no later trim() or steal pays for it.
+TEST(ObjectPoolTest, RemoteFencesAreRegisteredAtLoad) {
+  if (g_fence_errno_before_main == 0) return;  // registered before main: what we want
+  const long mask = membarrier(MEMBARRIER_CMD_QUERY, 0, 0);
+  if (mask < 0 || (mask & MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0) {
+    GTEST_SKIP() << "this kernel (or emulator) has no membarrier RSEQ fence";
+  }
+  if (membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) != 0) {
+    GTEST_SKIP() << "the membarrier RSEQ registration is refused here (errno " << errno << ")";
+  }
+  ADD_FAILURE() << "the process was not registered for the membarrier RSEQ fence at load "
+                   "(the fence failed with errno "
+                << g_fence_errno_before_main
+                << "): the first trim() or steal in a threaded program waits for a grace period";
 }
 
 TEST(ObjectPoolDeathTest, MisuseIsReportedClearly) {
@@ -408,6 +483,136 @@ TEST(ObjectPoolStressTest, ForkDuringHeavyUse) {
   std::printf("forked %d children\n", children);
   EXPECT_GT(children, 0);
   expect_all_home(pool);
+}
+
+// ---- fork against signal handlers on the locked path ---------------------------
+
+// Ends the whole binary with a clear message when `progress` stops moving for
+// `limit`, so a deadlock fails the test instead of hanging ctest until its
+// timeout. (A deadlocked fork cannot be unwound; _exit is the only way out.)
+class watchdog {
+ public:
+  watchdog(const std::atomic<long>& progress, std::chrono::seconds limit, const char* what)
+      : thread_([this, &progress, limit, what] {
+          long seen = progress.load();
+          auto last_move = std::chrono::steady_clock::now();
+          std::unique_lock<std::mutex> lock(mutex_);
+          while (!done_) {
+            cv_.wait_for(lock, std::chrono::milliseconds(100));
+            if (progress.load() != seen) {
+              seen = progress.load();
+              last_move = std::chrono::steady_clock::now();
+            } else if (std::chrono::steady_clock::now() - last_move > limit) {
+              std::fprintf(stderr, "watchdog: no progress for %lld s: %s\n",
+                           static_cast<long long>(limit.count()), what);
+              std::fflush(stderr);
+              _exit(3);
+            }
+          }
+        }) {}
+  ~watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// Threads without rseq (the seam makes every worker take the locked path, as
+// under seccomp) hold cache or list lockers all the time; timer signals
+// interrupt them, and the handlers allocate and free on the pool. Meanwhile
+// the main thread forks in a loop, and its fork handler takes every flag of
+// every structure. A handler that spins on a lock the fork handler holds,
+// while its own thread holds a flag the fork handler waits for, deadlocks
+// the fork: the watchdog then fails the test.
+void fork_while_locked_path_handlers_allocate(bool workers_use_free_list) {
+  free_list list;  // registered before the pool, so fork prepares the pool first
+  object_pool pool(checked(kObjectSize));
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to(stress::test_cpus(2)));
+  g_corrupt.store(0);
+  g_handler_runs.store(0);
+  g_signal_pool = &pool;
+  stress::install_handler(kSignal, on_signal);
+  std::atomic<long> forks{0};
+  int failed_children = 0;
+  std::vector<free_list_node> nodes(4 * 4);
+  {
+    watchdog dog(forks, std::chrono::seconds(20),
+                 "fork() never returned: a fork handler and a signal handler wait for each other");
+    stress::worker_group workers(4, [&](int w, const stress::stop_flag& stop) {
+      internal::force_locked_path_for_this_thread(true);
+      stress::thread_signal_timer timer(kSignal, 10000);
+      // Each worker keeps four nodes in circulation; which four it holds
+      // changes as pops take whatever the lists offer. The nodes outlive
+      // every worker, since any of them may still be listed when one exits.
+      free_list_node* own = &nodes[4 * w];
+      free_list_node* held[4] = {&own[0], &own[1], &own[2], &own[3]};
+      int holding = 4;
+      long round = 0;
+      while (!stop) {
+        if (workers_use_free_list) {
+          for (int i = 0; i < holding; ++i) list.push(held[i]);
+          holding = 0;
+          while (holding < 4 && !stop) {
+            if (free_list_node* n = list.pop()) held[holding++] = n;
+          }
+        } else {
+          const std::uint64_t value = (static_cast<std::uint64_t>(w) << 40) | round;
+          void* p = pool.allocate();
+          if (p != nullptr) {
+            stamp(p, value);
+            check_and_free(pool, p, value);
+          }
+        }
+        ++round;
+      }
+      internal::force_locked_path_for_this_thread(false);
+    });
+    const auto until =
+        std::chrono::steady_clock::now() + stress::scaled(std::chrono::milliseconds(400));
+    while (std::chrono::steady_clock::now() < until) {
+      const int status = stress::run_in_child(
+          [&pool] {
+            void* p = pool.allocate();
+            if (p == nullptr) return 1;
+            pool.deallocate(p);
+            return 0;
+          },
+          std::chrono::seconds(30));
+      if (status != 0) ++failed_children;
+      forks.fetch_add(1);
+    }
+    workers.stop_and_join();
+  }
+  g_signal_pool = nullptr;
+  stress::restore_default(kSignal);
+  stress::restrict_to(saved);
+  std::printf("forked %ld children; signal handlers ran %ld times\n", forks.load(),
+              g_handler_runs.load());
+  EXPECT_GT(forks.load(), 0);
+  EXPECT_GT(g_handler_runs.load(), 0) << "no timer signal reached a worker";
+  EXPECT_EQ(failed_children, 0);
+  EXPECT_EQ(g_corrupt.load(), 0) << "an object was used by two holders at once";
+  expect_all_home(pool);
+}
+
+TEST(ObjectPoolStressTest, ForkWhileHandlersAllocateOnTheLockedPath) {
+  fork_while_locked_path_handlers_allocate(false);
+}
+
+// The same across structures: the workers hold free_list lockers, their
+// handlers use the pool.
+TEST(ObjectPoolStressTest, ForkWhileFreeListHoldersHandlersAllocate) {
+  fork_while_locked_path_handlers_allocate(true);
 }
 
 }  // namespace

@@ -115,13 +115,14 @@ lane_tsan() {
 
 # --fair-sched: valgrind runs one thread at a time, and its default lock lets
 # twelve busy workers starve the thread that would stop them.
-# The fork-under-load stress cases run in every other lane, not here: a child
-# forked from twelve busy threads loses their stacks, so what only they
-# pointed to (their std::thread states) reads as definitely lost in the child.
+# The fork-under-load stress cases (ForkDuringHeavyUse, ForkWhile*) run in
+# every other lane, not here: a child forked from busy threads loses their
+# stacks, so what only they pointed to (their std::thread states) reads as
+# definitely lost in the child.
 lane_valgrind() {
   configure_and_build "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPERCPU_BUILD_BENCHMARKS=OFF \
     -DPERCPU_TEST_TIMEOUT=1500 "-DPERCPU_TEST_LAUNCHER=valgrind;--fair-sched=yes;--error-exitcode=97;--leak-check=full;--errors-for-leak-kinds=definite;-q" &&
-    PERCPU_UNDER_VALGRIND=1 PERCPU_STRESS_SCALE=0.2 GTEST_FILTER='-*ForkDuringHeavyUse' \
+    PERCPU_UNDER_VALGRIND=1 PERCPU_STRESS_SCALE=0.2 GTEST_FILTER='-*ForkDuringHeavyUse:*ForkWhile*' \
       run_ctest "$B" -L 'core|structures' -E '\.(glibc|own|fallback)$|forced_|seccomp_eperm|fast_path'
 }
 

@@ -3,14 +3,18 @@
 
 #include "percpu/internal/slot_lock.hpp"
 
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 
 namespace percpu {
 namespace internal {
@@ -47,6 +51,40 @@ int register_fence() noexcept {
   errno = saved_errno;
   g_fence_state.store(state, std::memory_order_release);
   return state;
+}
+
+enum class thread_count { one, more, unknown };
+
+// Whether the process has a single thread: glibc's __libc_single_threaded
+// (looked up, so older C libraries still load us), else the thread count in
+// /proc/self/stat, else unknown (static binaries, no /proc).
+thread_count process_threads() noexcept {
+  if (const auto* flag =
+          static_cast<const volatile char*>(dlsym(RTLD_DEFAULT, "__libc_single_threaded"))) {
+    // Cleared by the first pthread_create: "more" may mean "had more".
+    return *flag != 0 ? thread_count::one : thread_count::more;
+  }
+  const int saved_errno = errno;
+  thread_count result = thread_count::unknown;
+  const int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buffer[512];
+    const ssize_t n = read(fd, buffer, sizeof(buffer) - 1);
+    close(fd);
+    if (n > 0) {
+      buffer[n] = '\0';
+      // The command name may hold spaces and parentheses, so fields are
+      // counted from the last ')'; num_threads (see proc(5)) follows the
+      // eighteenth space after it.
+      const char* p = strrchr(buffer, ')');
+      for (int field = 0; p != nullptr && field < 18; ++field) p = strchr(p + 1, ' ');
+      if (p != nullptr) {
+        result = p[1] == '1' && p[2] == ' ' ? thread_count::one : thread_count::more;
+      }
+    }
+  }
+  errno = saved_errno;
+  return result;
 }
 
 bool fence_available() noexcept {
@@ -89,18 +127,71 @@ bool section_users_possible() noexcept {
   return __atomic_load_n(&g_section_users, __ATOMIC_SEQ_CST) != 0;
 }
 
+// The number of flags this thread holds. A signal handler that takes and
+// releases flags leaves it as it found it, so the interrupted code's plain
+// read-modify-write stays right; the signal fences keep the compiler from
+// moving the count past the flag's own atomics.
+__thread int t_flags_held __attribute__((tls_model("initial-exec"))) = 0;
+
+// Set while a fork handler takes and holds every flag. Other threads then
+// fail to take flags (every caller has a way not to wait, or holds nothing
+// while it waits), so the fork handler waits only for the holders of the
+// moment instead of competing with threads that keep re-taking the flags.
+int g_fork_pending = 0;
+__thread int t_forking __attribute__((tls_model("initial-exec"))) = 0;
+
 bool try_take(int* flag) noexcept {
   if (__atomic_load_n(flag, __ATOMIC_RELAXED) != 0) return false;
-  return __atomic_exchange_n(flag, 1, __ATOMIC_ACQUIRE) == 0;
+  if (__atomic_load_n(&g_fork_pending, __ATOMIC_RELAXED) != 0 && t_forking == 0) return false;
+  // Counted before the exchange: a handler arriving right after it must see
+  // that this thread holds the flag.
+  t_flags_held = t_flags_held + 1;
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  if (__atomic_exchange_n(flag, 1, __ATOMIC_ACQUIRE) == 0) return true;
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  t_flags_held = t_flags_held - 1;
+  return false;
 }
 
+void release(int* flag) noexcept {
+  __atomic_store_n(flag, 0, __ATOMIC_RELEASE);
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  t_flags_held = t_flags_held - 1;
+}
+
+// Spins, then yields, then sleeps briefly: a holder that was preempted (many
+// waiters on few CPUs, or an emulator) gets the CPU back sooner than under a
+// storm of yields, which the scheduler may answer by running the yielder
+// again. nanosleep is async-signal-safe.
 void wait_for(int* flag) noexcept {
   for (int spins = 0; !try_take(flag); ++spins) {
-    if (spins > 64) sched_yield();
+    if (spins < 64) continue;
+    if (spins < 256) {
+      sched_yield();
+    } else {
+      const int saved_errno = errno;
+      struct timespec pause = {0, 50 * 1000};
+      nanosleep(&pause, nullptr);
+      errno = saved_errno;
+    }
   }
 }
 
 }  // namespace
+
+bool try_take_flag(int* flag) noexcept { return try_take(flag); }
+
+bool take_flag(int* flag) noexcept {
+  if (t_flags_held != 0) return try_take(flag);
+  wait_for(flag);
+  return true;
+}
+
+void release_flag(int* flag) noexcept { release(flag); }
+
+int flags_held() noexcept { return t_flags_held; }
+
+void wait_for_flag(int* flag) noexcept { wait_for(flag); }
 
 section_user mark_section_user() noexcept {
   if (t_section_state == section_user::forced_locked) return section_user::forced_locked;
@@ -145,14 +236,36 @@ bool barrier_all() noexcept {
   return rc == 0;
 }
 
+namespace {
+
+bool prepare_fences_unless(thread_count refuse) noexcept {
+  const int state = g_fence_state.load(std::memory_order_acquire);
+  if (state != kFenceUnknown) return state == kFenceReady;
+  const thread_count threads = process_threads();
+  if (threads == thread_count::more || threads == refuse) return false;
+  return register_fence() == kFenceReady;
+}
+
+// See prepare_remote_fences in the header. Runs after percpu's own start-up
+// constructor and before the program's static constructors (which may start
+// threads). At load an unknown thread count is taken as one: a static binary
+// without /proc is still starting, and only a library loaded later into a
+// threaded process could be wrong, which costs the same stall as before.
+__attribute__((constructor(102))) void prepare_remote_fences_at_load() {
+  (void)prepare_fences_unless(thread_count::more);
+}
+
+}  // namespace
+
+bool prepare_remote_fences() noexcept { return prepare_fences_unless(thread_count::unknown); }
+
 lock_result lock_slot(cpu_slot* slot, int cpu, std::intptr_t* value) noexcept {
-  if (!try_take(&slot->locker)) return lock_result::busy;
   // Decide before touching the head whether a fence will be possible, so a
-  // refusal never leaves kSlotLocked behind.
-  if (section_users_possible() && !fence_available()) {
-    release_locker(slot);
-    return lock_result::refused;
-  }
+  // refusal never leaves kSlotLocked behind; and before taking the flag, so
+  // a first registration (a slow system call) never runs under it. Users
+  // that appear after this check are caught after the exchange below.
+  if (section_users_possible() && !fence_available()) return lock_result::refused;
+  if (!try_take(&slot->locker)) return lock_result::busy;
   for (int round = 0; round < kFenceRounds; ++round) {
     const std::intptr_t taken = __atomic_exchange_n(&slot->head, kSlotLocked, __ATOMIC_SEQ_CST);
     if (!section_users_possible()) {
@@ -187,15 +300,11 @@ void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept {
 
 void wait_for_locker(cpu_slot* slot) noexcept { wait_for(&slot->locker); }
 
-void release_locker(cpu_slot* slot) noexcept {
-  __atomic_store_n(&slot->locker, 0, __ATOMIC_RELEASE);
-}
+void release_locker(cpu_slot* slot) noexcept { release(&slot->locker); }
 
 void wait_for_consumer(side_stack* stack) noexcept { wait_for(&stack->consumer); }
 
-void release_consumer(side_stack* stack) noexcept {
-  __atomic_store_n(&stack->consumer, 0, __ATOMIC_RELEASE);
-}
+void release_consumer(side_stack* stack) noexcept { release(&stack->consumer); }
 
 void side_push(side_stack* stack, side_node* first, side_node* last) noexcept {
   std::intptr_t head = __atomic_load_n(&stack->head, __ATOMIC_RELAXED);
@@ -241,10 +350,14 @@ struct fork_registry {
 
   static void prepare() noexcept {
     pthread_mutex_lock(&mutex);
+    t_forking = 1;
+    __atomic_store_n(&g_fork_pending, 1, __ATOMIC_SEQ_CST);
     for (fork_participant* p = first; p != nullptr; p = p->next_) p->before_fork();
   }
   static void release() noexcept {
     for (fork_participant* p = first; p != nullptr; p = p->next_) p->after_fork();
+    __atomic_store_n(&g_fork_pending, 0, __ATOMIC_RELEASE);
+    t_forking = 0;
     pthread_mutex_unlock(&mutex);
   }
   static void install() noexcept {

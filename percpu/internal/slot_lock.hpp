@@ -64,9 +64,37 @@
 //   takes every participant's flags, so the child never inherits a slot that
 //   a thread which does not exist there holds.
 //
+// Flags, waiting, and why nothing deadlocks
+//   Every flag of every structure (slot lockers, side-stack consumers, the
+//   object_pool depot) is taken through take_flag / try_take_flag and given
+//   back through release_flag, which keep a per-thread count of the flags the
+//   thread holds. Three rules:
+//   R1. A thread waits for a flag only while it holds none (take_flag checks
+//       the count; with one held it makes a single attempt and reports
+//       failure). A signal handler that interrupted a holder therefore never
+//       waits: its thread's count is not zero. Callers have a non-waiting
+//       fallback for that failure (the side stack, or nullptr where the
+//       header allows it).
+//   R2. A holder does a bounded amount of work and releases: it never waits
+//       for anything while holding (by R1), and nothing it does blocks (the
+//       only system calls under a flag are membarrier and mmap).
+//   R3. The fork handler is the one exception to R1: it waits for every flag
+//       while holding those it already took. It is safe because every thread
+//       it can wait for is a holder, and by R2 (and R1 for any handler
+//       stacked on that holder) the holder releases without waiting for
+//       anything, in particular not for a flag the fork handler holds.
+//   While the fork handler runs, other threads' attempts to take a flag
+//   fail (so it waits only for the holders of that moment, not for threads
+//   that keep re-taking flags); a thread that waits meanwhile holds nothing.
+//   So no cycle exists in the waits-for graph: the only threads that wait
+//   hold nothing (no one can wait for them), except the fork handler, which
+//   waits only for threads that do not wait. A signal handler on the forking
+//   thread itself sees its thread's count above zero and does not wait either.
+//   Registration of fork participants (a mutex, not a flag) is never done
+//   while holding a flag.
+//
 // Async-signal-safe: everything here except register/unregister of fork
-// participants. Nothing here waits for a flag another thread holds, except the
-// fork handler.
+// participants and prepare_remote_fences.
 #pragma once
 
 #include <cstddef>
@@ -104,6 +132,36 @@ bool remote_access_possible() noexcept;
 // whatever the section users: a structure that cannot count on it keeps its
 // owner sections off its slots from the start.
 bool slot_fence_available() noexcept;
+
+// Registers the process for membarrier's RSEQ fence now, when that is cheap,
+// and reports whether the fence is ready.
+//
+// Why: the fence needs a one-time registration per process
+// (MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ). In a process with more
+// than one thread the kernel makes that registration wait for an RCU grace
+// period (sync_runqueues_membarrier_state in kernel/sched/membarrier.c), which
+// on a loaded machine stalls the caller for a long, visible time; with a
+// single user of the address space it skips the wait and costs a system call.
+// Registered lazily, the first trim(), steal or take_all() paid the stall.
+//
+// Where: percpu registers at load, from a constructor in slot_lock.cpp, which
+// is linked in exactly when a program uses free_list or object_pool (in a
+// shared build, always); a program is single-threaded then. The structures'
+// constructors call this again, for programs that create their first
+// structure before starting threads but were loaded without the constructor
+// registering (an unknown thread count). The registration survives fork()
+// (the child's address space copies it) and is undone by exec(), whose new
+// image runs the constructor again.
+//
+// This function registers only when it knows the process has one thread;
+// otherwise it does nothing and the first remote access registers, as
+// before: a stall is better than a wrong fence, and starting a thread behind
+// the program's back to absorb it is not this library's call. (The load-time
+// constructor also registers when the count is unknown, e.g. a static binary
+// without /proc, since a program is almost always single-threaded then.)
+// Cheap once the state is known (one atomic load). Not async-signal-safe:
+// the first call may look a symbol up with dlsym.
+bool prepare_remote_fences() noexcept;
 
 // Marks the calling thread as a section user (t_section_state, see
 // registration.hpp) and returns its new state: marked, or forced_locked
@@ -184,12 +242,23 @@ class fork_participant {
   fork_participant* next_ = nullptr;
 };
 
-// Takes a slot's locker flag, waiting for it (fork preparation, destructors).
-// Holders never keep the flag across anything that can block, so this ends.
+// The flags (see "Flags, waiting, and why nothing deadlocks" above). A flag
+// is an int, 0 free and 1 held, touched with atomics only.
+// One attempt; true when the caller now holds the flag.
+bool try_take_flag(int* flag) noexcept;
+// Waits for the flag if the calling thread holds no flag (R1); otherwise one
+// attempt. True when the caller now holds the flag.
+bool take_flag(int* flag) noexcept;
+void release_flag(int* flag) noexcept;
+// How many flags the calling thread holds (0 outside percpu's slow paths).
+int flags_held() noexcept;
+
+// The fork handler's waits (R3): take the flag even while holding others.
 void wait_for_locker(cpu_slot* slot) noexcept;
 void release_locker(cpu_slot* slot) noexcept;
 void wait_for_consumer(side_stack* stack) noexcept;
 void release_consumer(side_stack* stack) noexcept;
+void wait_for_flag(int* flag) noexcept;
 
 }  // namespace internal
 }  // namespace percpu
