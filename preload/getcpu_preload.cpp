@@ -61,6 +61,11 @@
 #include "percpu/internal/registration.hpp"
 #include "percpu/percpu.h"
 
+// Tells percpu's objects that this library uses no per-CPU structure, so
+// they register nothing with the kernel at load (see slot_lock.cpp). Local to
+// this object through getcpu_preload.map.
+extern "C" const char percpu_internal_no_fences_at_load = 1;
+
 // Declared here too, for glibc headers older than the getcpu() wrapper.
 extern "C" int getcpu(unsigned int* cpu, unsigned int* node) noexcept;
 

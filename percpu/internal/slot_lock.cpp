@@ -16,6 +16,8 @@
 #include <cerrno>
 #include <cstring>
 
+extern "C" __attribute__((weak)) const char percpu_internal_no_fences_at_load;
+
 namespace percpu {
 namespace internal {
 
@@ -251,7 +253,12 @@ bool prepare_fences_unless(thread_count refuse) noexcept {
 // threads). At load an unknown thread count is taken as one: a static binary
 // without /proc is still starting, and only a library loaded later into a
 // threaded process could be wrong, which costs the same stall as before.
+// Not in libpercpu_getcpu.so, which is made of the same objects but never
+// uses a structure: a program run under it owes percpu no system call at
+// load. The preload defines the marker; everywhere else the weak reference
+// is null.
 __attribute__((constructor(102))) void prepare_remote_fences_at_load() {
+  if (&percpu_internal_no_fences_at_load != nullptr) return;
   (void)prepare_fences_unless(thread_count::more);
 }
 
