@@ -1,7 +1,8 @@
 // max_cpus() where /sys is not what it usually is: hidden (containers and
 // sandboxes that mount nothing there) or listing a sparse set of possible
-// CPUs. Each case runs max_cpus_probe in a child that first enters a mount
-// namespace of its own (root only) and changes what /sys shows there.
+// CPUs. Each case runs max_cpus_probe (whose path ctest passes as the
+// argument) in a child that first enters a mount namespace of its own (root
+// only) and changes what /sys shows there.
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -20,9 +21,15 @@
 
 namespace {
 
+// The probe's path, the one argument ctest passes after gtest's own.
 std::string probe_path() {
-  const char* path = std::getenv("PERCPU_MAX_CPUS_PROBE");
-  return path != nullptr ? path : "";
+  for (const std::string& arg : ::testing::internal::GetArgvs()) {
+    const std::string name = "max_cpus_probe";
+    if (arg.size() >= name.size() && arg.compare(arg.size() - name.size(), name.size(), name) == 0) {
+      return arg;
+    }
+  }
+  return "";
 }
 
 // Runs the probe in a private mount namespace after `prepare` (which runs in
@@ -78,7 +85,7 @@ void skip_if_no_namespace(int status) {
 }
 
 TEST(HiddenSys, MaxCpusBoundsEveryIdWithoutSys) {
-  ASSERT_FALSE(probe_path().empty()) << "PERCPU_MAX_CPUS_PROBE is not set";
+  ASSERT_FALSE(probe_path().empty()) << "no max_cpus_probe argument (see tests/CMakeLists.txt)";
   int status = 0;
   const std::string out = run_probe(hide_sys, &status);
   skip_if_no_namespace(status);
@@ -92,7 +99,7 @@ TEST(HiddenSys, MaxCpusBoundsEveryIdWithoutSys) {
 }
 
 TEST(HiddenSys, MaxCpusFollowsASparsePossibleList) {
-  ASSERT_FALSE(probe_path().empty()) << "PERCPU_MAX_CPUS_PROBE is not set";
+  ASSERT_FALSE(probe_path().empty()) << "no max_cpus_probe argument (see tests/CMakeLists.txt)";
   int status = 0;
   const std::string out = run_probe(sparse_possible, &status);
   skip_if_no_namespace(status);
