@@ -1,8 +1,8 @@
 # One small helper that registers percpu's libraries, tests and benchmarks,
 # so every target gets the same warnings, include paths and seams.
 #
-#   percpu_cc_library(NAME name SRCS ... [DEPS ...] [PUBLIC])
-#   percpu_cc_test(NAME name SRCS ... [DEPS ...] [LABELS ...] [ENV ...] [ARGS ...] [C])
+#   percpu_cc_library(NAME name SRCS ... [DEPS ...])
+#   percpu_cc_test(NAME name SRCS ... [DEPS ...] [LABELS ...] [ENV ...] [ARGS ...] [TIMEOUT s] [C])
 #   percpu_cc_benchmark(NAME name SRCS ... [DEPS ...])
 #   percpu_add_mode_tests(TARGET t [ARGS ...] [TIMEOUT s] [LABELS ...])
 #       registers t three more times, once per rseq mode, each asserting the

@@ -1,5 +1,5 @@
 // cpu_id() against its physical limit and every alternative, side by side.
-// The ratios the core issue asks for are read from one run of this binary:
+// The ratios percpu promises for cpu_id() are read from one run of this binary:
 //   BM_CpuId / BM_ThreadLocalRead         (limit)
 //   BM_GlibcSchedGetcpu / BM_CpuId
 //   BM_PercpuSchedGetcpu / BM_GlibcSchedGetcpu

@@ -14,7 +14,7 @@ for group in "$@"; do
   case "$group" in
     build) packages+=(build-essential cmake ninja-build pkg-config libgtest-dev libbenchmark-dev
                       libcli11-dev binutils python3) ;;
-    clang) packages+=(clang libclang-rt-14-dev) ;;
+    clang) packages+=(clang) ;;
     valgrind) packages+=(valgrind) ;;
     aarch64) packages+=(g++-aarch64-linux-gnu qemu-user qemu-system-arm cpio) ;;
     allocators) packages+=(libjemalloc-dev libgoogle-perftools-dev) ;;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lane 8, aarch64 with real rseq: the test suite cross-built static for
+# The aarch64-system lane, aarch64 with real rseq: the test suite cross-built static for
 # aarch64, packed into an initramfs and booted with Debian's arm64 kernel in
 # qemu-system-aarch64 -smp 2, where the kernel really preempts and migrates
 # the tests' threads and aborts their critical sections.

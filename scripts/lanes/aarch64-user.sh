@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lane 7, aarch64 fallback paths: the suite cross-built with
+# The aarch64-user lane, aarch64 fallback paths: the suite cross-built with
 # g++-aarch64-linux-gnu and run by ctest under qemu-aarch64 (qemu-user).
 #
 #   scripts/lanes/aarch64-user.sh            (from the repository root)
