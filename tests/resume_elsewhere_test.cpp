@@ -134,7 +134,7 @@ class hammers {
   std::vector<std::thread> threads_;
 };
 
-long rounds() { return percpu::stress::scaled(20000L); }
+long rounds() { return percpu::stress::scaled(4000L); }
 constexpr int kAddsPerVisit = 64;
 
 percpu::counter g_coroutine_counter;
