@@ -116,6 +116,12 @@ namespace internal {
 // whether percpu sits in a shared library, a PIE, a non-PIE or a static
 // program. Start-up writes the offsets first and the bounds last.
 //
+// A caller racing with start-up on another thread (only threads that an
+// earlier constructor started can) may pair an old offset with the new bound;
+// the id it then accepts is below the bound, so still a valid index, though a
+// hint from the wrong word. Critical sections never act on such a pairing
+// (see rseq_area_for_sections in internal/rseq_cs.hpp).
+//
 // After start-up every offset points at a readable 32-bit word of static TLS:
 // the serving rseq area, or a per-thread area that is never registered and
 // so holds -1. A value at or above its bound sends the caller to the slow

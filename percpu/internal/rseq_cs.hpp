@@ -113,11 +113,17 @@ inline unsigned inject_delay_loops() noexcept {
 // runs start-up and registers the thread first if that is percpu's job.
 // Before start-up the bound is 0, so no section is ever armed through an
 // offset that start-up has not set yet (the word at offset 0 is the thread
-// control block, which a section must never write).
+// control block, which a section must never write). The bound is read first,
+// with acquire order, and start-up stores it last with release order: a
+// thread that runs this while another thread's start-up is in progress
+// (threads started by an earlier constructor) sees either the bound 0 or the
+// area offset start-up wrote, never a new bound with the old offset. On
+// x86-64 that is the plain load it would be anyway.
 inline rseq_area* rseq_area_for_sections() noexcept {
+  const std::uint32_t limit = __atomic_load_n(&g_fast_path.cpu_limit, __ATOMIC_ACQUIRE);
   rseq_area* area = serving_rseq_area();
   const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
-  if (__builtin_expect(within(id, g_fast_path.cpu_limit), 1)) return area;
+  if (__builtin_expect(within(id, limit), 1)) return area;
   return registered_rseq_area();
 }
 
