@@ -18,13 +18,16 @@
 #   Filter: (optional) a GTEST_FILTER for those tests, to run only the cases
 #           that matter
 # Patches are x86-64 ones (the sections' asm is per architecture); the build
-# uses clang++, which is the compiler that caches a non-volatile thread
-# pointer across a coroutine's resumption (mutant 11; g++ 12 reloads it).
+# uses clang++: with a non-volatile thread pointer (mutant 11) clang++ keeps
+# the old thread's value across a coroutine's resumption and a fiber switch,
+# and every resume_elsewhere_test case fails; g++ 12 keeps it only across the
+# fiber switch, so only the fiber case catches it there.
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-$root/build/lanes/mutants}
 shift || true
+mkdir -p "$work" && work=$(cd "$work" && pwd)
 src=$work/src
 build=$work/build
 jobs=${PERCPU_MUTANT_JOBS:-$(nproc 2>/dev/null || echo 2)}
