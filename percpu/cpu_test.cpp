@@ -24,6 +24,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "percpu/internal/fallback.hpp"
 #include "percpu/internal/registration.hpp"
 #include "percpu/percpu.h"
@@ -100,11 +104,60 @@ std::string check_pinned(int cpu) {
   return "";
 }
 
+// Each test forces backends in turn; TearDown puts back what SetUp found
+// (the serving backend and the fallback) and checks that it did, so a test
+// that leaves another backend behind fails itself instead of quietly running
+// the tests after it in a mode their variant does not name.
 class BackendTest : public ::testing::Test {
  protected:
-  void TearDown() override { internal::force_backend(cpu_backend::rseq) || restore_fallback(); }
-  static bool restore_fallback() { return internal::force_backend(fallback_backend()); }
+  void SetUp() override {
+    backend_before_ = backend();
+    fallback_before_ = fallback_backend();
+  }
+  void TearDown() override {
+    // Forcing the old fallback first resets the fallback; forcing rseq
+    // afterwards puts rseq back where it served.
+    EXPECT_TRUE(internal::force_backend(fallback_before_)) << to_string(fallback_before_);
+    if (backend_before_ == cpu_backend::rseq) {
+      EXPECT_TRUE(internal::force_backend(cpu_backend::rseq));
+    }
+    EXPECT_STREQ(to_string(backend()), to_string(backend_before_))
+        << "the backend serving this thread was not restored";
+    EXPECT_STREQ(to_string(fallback_backend()), to_string(fallback_before_))
+        << "the fallback was not restored";
+  }
+
+ private:
+  cpu_backend backend_before_ = cpu_backend::syscall;
+  cpu_backend fallback_before_ = cpu_backend::syscall;
 };
+
+// The fallback start-up chose, taken before any test forces another one.
+const cpu_backend g_fallback_at_start = fallback_backend();
+
+// The fallback that start-up must choose when nothing forces one, worked out
+// here without percpu's own detection where that is possible: RDPID when
+// CPUID reports it and, on every allowed CPU, it names the CPU getcpu names;
+// else the vDSO getcpu when the kernel's vDSO has one that agrees with the
+// system call; else the system call.
+cpu_backend expected_unforced_fallback() {
+#if defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 22)) != 0) {
+    bool agrees = true;
+    for (int cpu : allowed_cpus()) {
+      pin_to pin(cpu);
+      if (!pin.ok()) continue;
+      const unsigned aux = internal::rdpid_tsc_aux();
+      agrees = agrees && static_cast<int>(aux & internal::kRdpidCpuMask) == ask_kernel().cpu &&
+               static_cast<int>(aux >> internal::kRdpidNodeShift) == ask_kernel().node;
+    }
+    if (agrees) return cpu_backend::rdpid;
+  }
+#endif
+  if (internal::fallback_usable(cpu_backend::vdso, nullptr)) return cpu_backend::vdso;
+  return cpu_backend::syscall;
+}
 
 // The mode this run exercised, printed and, where the ctest variant says which
 // mode it is for, asserted.
@@ -125,6 +178,22 @@ TEST(CpuMode, PrintedAndAsExpected) {
   }
   if (backend() == cpu_backend::rseq) {
     EXPECT_GE(rseq_feature_size(), 20u);
+  }
+}
+
+// Fastest correct first: the order cpu.hpp promises. Runs in every variant
+// where PERCPU_BACKEND is unset, the .fallback and .seccomp_eperm variants
+// included, where the choice is what serves every call.
+TEST(CpuMode, UnforcedFallbackIsTheFastestThatWorksHere) {
+  if (const char* forced = std::getenv("PERCPU_BACKEND")) {
+    GTEST_SKIP() << "PERCPU_BACKEND=" << forced << " chooses the fallback in this variant";
+  }
+  const cpu_backend want = expected_unforced_fallback();
+  std::printf("unforced fallback: %s, expected %s\n", to_string(g_fallback_at_start),
+              to_string(want));
+  EXPECT_STREQ(to_string(g_fallback_at_start), to_string(want));
+  if (backend() != cpu_backend::rseq) {
+    EXPECT_STREQ(to_string(backend()), to_string(want)) << "the fallback serves this thread";
   }
 }
 
@@ -279,6 +348,101 @@ TEST_F(BackendTest, InAForkedChild) {
     int status = 0;
     ASSERT_EQ(waitpid(child, &status, 0), child);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "backend " << to_string(b);
+  }
+}
+
+// ---- concurrency_id() ---------------------------------------------------------
+
+bool mm_cid_served() {
+  return internal::registered_rseq_area() != nullptr &&
+         rseq_feature_size() >= internal::kFeatureSizeMmCid;
+}
+
+// The area's mm_cid, read the way the kernel writes it.
+int area_mm_cid() {
+  return __atomic_load_n(&internal::registered_rseq_area()->mm_cid, __ATOMIC_RELAXED);
+}
+
+// Where the kernel keeps mm_cid, concurrency_id() is that field: on two
+// threads pinned to two CPUs at once (so they need two ids, and one of them
+// is not 0) every answer equals the field read right before and after it.
+TEST(ConcurrencyId, IsTheAreasMmCid) {
+  if (!mm_cid_served()) {
+    GTEST_SKIP() << "no mm_cid here (rseq " << to_string(backend()) << ", feature size "
+                 << rseq_feature_size() << "): ConcurrencyId.IsCpuIdWithoutMmCid covers it";
+  }
+  // The inline path must read the mm_cid word of the area it serves from.
+  EXPECT_EQ(internal::g_fast_path.concurrency_id - internal::g_fast_path.area,
+            static_cast<std::intptr_t>(internal::kMmCidOffset));
+  const std::vector<int> cpus = allowed_cpus();
+  const int threads = cpus.size() >= 2 ? 2 : 1;
+  std::atomic<int> ready{0}, mismatches{0}, not_zero{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      pin_to pin(cpus[t]);
+      ready++;
+      while (ready.load() < threads) {
+      }
+      for (int i = 0; i < 20000; ++i) {
+        const int before = area_mm_cid();
+        const int got = concurrency_id();
+        const int after = area_mm_cid();
+        if (before != after) continue;  // the kernel handed out another id in between
+        if (got != before) {
+          if (mismatches++ == 0) {
+            ADD_FAILURE() << "concurrency_id() " << got << " where the area's mm_cid is " << before;
+          }
+        }
+        if (before != 0) not_zero++;
+        if (got < 0 || got >= max_cpus()) mismatches++;
+      }
+    });
+  }
+  for (std::thread& w : workers) w.join();
+  std::printf("%d samples with a non-zero mm_cid\n", not_zero.load());
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+// A process with one thread needs one id: mm_cid is 0 there, and so is
+// concurrency_id(). Checked in a forked child, which has only the thread
+// that forked.
+TEST(ConcurrencyId, IsZeroInASingleThreadedChild) {
+  if (!mm_cid_served()) {
+    GTEST_SKIP() << "no mm_cid here (rseq " << to_string(backend()) << ", feature size "
+                 << rseq_feature_size() << "): ConcurrencyId.IsCpuIdWithoutMmCid covers it";
+  }
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int bad = 0;
+    for (int cpu : allowed_cpus()) {
+      pin_to pin(cpu);
+      for (int i = 0; i < 100; ++i) {
+        if (concurrency_id() != 0 || area_mm_cid() != 0) bad++;
+      }
+    }
+    _exit(bad == 0 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "concurrency_id() or mm_cid not 0 in a single-threaded process";
+}
+
+// Where mm_cid is missing (no rseq on this thread, or a kernel before 6.3),
+// concurrency_id() is cpu_id(): checked pinned to every allowed CPU.
+TEST(ConcurrencyId, IsCpuIdWithoutMmCid) {
+  if (mm_cid_served()) {
+    GTEST_SKIP() << "the kernel provides mm_cid here: ConcurrencyId.IsTheAreasMmCid covers it";
+  }
+  for (int cpu : allowed_cpus()) {
+    pin_to pin(cpu);
+    ASSERT_TRUE(pin.ok());
+    for (int i = 0; i < 100; ++i) {
+      ASSERT_EQ(ask_kernel().cpu, cpu);
+      ASSERT_EQ(concurrency_id(), cpu) << "backend " << to_string(backend());
+    }
   }
 }
 

@@ -215,26 +215,33 @@ void hammer(const run_options& options) {
   const unsigned long fences_before = internal::fence_count();
   std::atomic<long> cycles{0};
   std::atomic<long> drains{0};
+  std::atomic<long> pops{0}, empty_pops{0};
   {
     stress::worker_group workers(kWorkers, [&](int w, const stress::stop_flag& stop) {
       if (options.mixed && w % 3 == 0) internal::force_locked_path_for_this_thread(true);
       std::unique_ptr<stress::thread_signal_timer> timer;
       if (options.signals) timer.reset(new stress::thread_signal_timer(kSignal, 10000));
       item* held[8];
-      long mine = 0;
+      long mine = 0, got = 0, nulls = 0;
       while (!stop) {
         const int want = 1 + (w + static_cast<int>(mine)) % 8;
         int n = 0;
         while (n < want) {
           item* it = take(list);
-          if (it == nullptr) break;
+          if (it == nullptr) {
+            ++nulls;
+            break;
+          }
           held[n++] = it;
         }
+        got += n;
         for (int i = 0; i < n; ++i) put(list, held[(mine & 1) != 0 ? i : n - 1 - i]);
         ++mine;
       }
       internal::force_locked_path_for_this_thread(false);
       cycles.fetch_add(mine);
+      pops.fetch_add(got);
+      empty_pops.fetch_add(nulls);
     });
     std::unique_ptr<stress::affinity_flipper> flipper;
     if (options.flip_affinity) {
@@ -261,9 +268,16 @@ void hammer(const run_options& options) {
     }
     stress::sleep_scaled(options.length);
     if (flipper) {
+      // A starved flipper thread (a loaded machine) may not have run yet:
+      // the run is extended until it has moved a worker at least once, with
+      // two minutes as the limit, so only a flipper that cannot flip fails.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (flipper->flips() == 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       flipper->stop();
       std::printf("affinity flips: %ld\n", flipper->flips());
-      EXPECT_GT(flipper->flips(), 0);
+      EXPECT_GT(flipper->flips(), 0) << "no worker was ever moved";
     }
     if (drainer.joinable()) {
       stop_drain.store(true);
@@ -278,9 +292,14 @@ void hammer(const run_options& options) {
     std::printf("signal handlers ran %ld times\n", g_handler_runs.load());
     EXPECT_GT(g_handler_runs.load(), 0) << "no timer signal reached a worker";
   }
-  std::printf("worker cycles: %ld, membarrier fences: %lu\n", cycles.load(),
+  // pop() may return nullptr while nodes are in a locked slot or a steal
+  // (free_list.hpp), so empty pops are counted and shown, not bounded; but a
+  // run in which no pop found a node checked nothing.
+  std::printf("worker cycles: %ld, nodes popped: %ld, empty pops: %ld, membarrier fences: %lu\n",
+              cycles.load(), pops.load(), empty_pops.load(),
               internal::fence_count() - fences_before);
   EXPECT_GT(cycles.load(), 0);
+  EXPECT_GT(pops.load(), 0) << "every pop came back empty";
   if (options.mixed && on_rseq()) {
     EXPECT_GT(internal::fence_count(), fences_before)
         << "locked-path threads next to rseq threads must fence";
@@ -337,6 +356,7 @@ TEST(FreeListStressTest, ThreadChurn) {
   std::vector<item> items = make_items(list, 512);
   const std::vector<int> saved = stress::allowed_cpus();
   ASSERT_TRUE(stress::restrict_to(stress::test_cpus(2)));
+  std::atomic<long> pops{0};
   stress::churn(stress::scaled(600L), kWorkers, [&](long n) {
     item* held[4];
     for (int round = 0; round < 200; ++round) {
@@ -344,10 +364,13 @@ TEST(FreeListStressTest, ThreadChurn) {
       for (int i = 0; i < 1 + static_cast<int>(n % 4); ++i) {
         if (item* it = take(list)) held[got++] = it;
       }
+      pops.fetch_add(got, std::memory_order_relaxed);
       for (int i = 0; i < got; ++i) put(list, held[i]);
     }
   });
   stress::restrict_to(saved);
+  std::printf("nodes popped: %ld\n", pops.load());
+  EXPECT_GT(pops.load(), 0) << "every pop came back empty";
   expect_exactly(list, items);
 }
 
@@ -393,16 +416,24 @@ TEST(FreeListStressTest, ForkDuringHeavyUse) {
               return 1;
             }
             for (item* it : mine) put(list, it);
+            std::atomic<long> popped{0};
             std::vector<std::thread> threads;
             for (int t = 0; t < 4; ++t) {
-              threads.emplace_back([&list] {
+              threads.emplace_back([&list, &popped] {
                 for (int i = 0; i < 20000; ++i) {
                   item* a = take(list);
-                  if (a != nullptr) put(list, a);
+                  if (a != nullptr) {
+                    popped.fetch_add(1, std::memory_order_relaxed);
+                    put(list, a);
+                  }
                 }
               });
             }
             for (std::thread& t : threads) t.join();
+            if (popped.load() == 0) {
+              std::fprintf(stderr, "child: every pop came back empty\n");
+              return 1;
+            }
             std::size_t back = 0;
             for (free_list_node* n = list.take_all(); n != nullptr; n = n->next) ++back;
             if (back != mine.size() || g_duplicates.load() != 0) {

@@ -70,12 +70,14 @@ bool is_controlled(const char* entry) {
 
 // Runs argv with this process's environment, minus the variables the test
 // controls, plus `extra`. The trace file exists (empty) before the run.
-run_result run(const std::vector<std::string>& argv, std::vector<std::string> extra) {
+// With `traced` false PERCPU_PRELOAD_TRACE is left unset, as users run it.
+run_result run(const std::vector<std::string>& argv, std::vector<std::string> extra,
+               bool traced = true) {
   run_result result;
   const std::string out_path = temp_path("probe_out");
   const std::string err_path = temp_path("probe_err");
   const std::string trace_path = temp_path("probe_trace");
-  extra.push_back("PERCPU_PRELOAD_TRACE=" + trace_path);
+  if (traced) extra.push_back("PERCPU_PRELOAD_TRACE=" + trace_path);
 
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -258,6 +260,27 @@ TEST(GetcpuPreload, AnswersFromGlibcsRegistration) {
   // On a glibc that does not register rseq this is the own-registration case.
   expect_preload_answered(r, glibc_registers_rseq_here() ? expect_source::glibc_rseq
                                                          : expect_source::own_rseq);
+}
+
+// Users run the preload untraced, and untraced calls take the inline path
+// that every traced run above leaves for the counting slow path: the probe
+// must pass there too, with glibc's rseq, percpu's own and the fallback.
+TEST(GetcpuPreload, AnswersRightUntraced) {
+  for (bool tunable_off : {true, false}) {
+    for (bool deny_rseq : {false, true}) {
+      SCOPED_TRACE(std::string(tunable_off ? "glibc's rseq off" : "glibc's rseq on") +
+                   (deny_rseq ? ", rseq denied" : ""));
+      std::vector<std::string> env = {kPreload};
+      if (tunable_off) env.push_back(kTunableOff);
+      std::vector<std::string> argv = {PERCPU_PROBE_PATH, "check"};
+      if (deny_rseq) argv.insert(argv.begin(), {PERCPU_SECCOMP_EXEC_PATH, "ENOSYS"});
+      const run_result r = run(argv, env, false);
+      EXPECT_EQ(r.exit_code, 0) << describe(r);
+      EXPECT_TRUE(has_line(r.out, "checked " + std::to_string(allowed_cpu_count()) + " CPUs: ok"))
+          << describe(r);
+      EXPECT_EQ(r.trace, "") << "untraced runs write no trace";
+    }
+  }
 }
 
 TEST(GetcpuPreload, AnswersFromTheFallbackWhenRseqFails) {

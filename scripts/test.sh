@@ -16,7 +16,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 export PERCPU_STRESS_SCALE=${PERCPU_STRESS_SCALE:-1}
 export CTEST_OUTPUT_ON_FAILURE=1
 
-all_lanes=(default clang asan-ubsan tsan valgrind rseq-off seams aarch64-user aarch64-system warnings consumer)
+all_lanes=(default clang asan-ubsan tsan valgrind rseq-off seams aarch64-user aarch64-system warnings consumer mutants)
 describe() {
   case "$1" in
     default) echo "g++, Release with assertions, -Werror: the whole ctest suite (every mode variant)" ;;
@@ -30,6 +30,7 @@ describe() {
     aarch64-system) echo "aarch64 static tests in an initramfs on Debian's arm64 kernel, qemu-system -smp 2 (real rseq)" ;;
     warnings) echo "-Wall -Wextra -Werror with g++ and clang (done by default/clang), and percpu.h compiled as C" ;;
     consumer) echo "install the shared library and build a consumer with find_package and pkg-config; aarch64 cross install" ;;
+    mutants) echo "each deliberate bug in tests/mutants/*.patch, planted in a scratch copy (clang++): the tests named for it must fail" ;;
   esac
 }
 
@@ -52,7 +53,7 @@ done
 groups=(build)
 for l in "${lanes[@]}"; do
   case "$l" in
-    clang|warnings) groups+=(clang) ;;
+    clang|warnings|mutants) groups+=(clang) ;;
     valgrind) groups+=(valgrind) ;;
     aarch64-*) groups+=(aarch64) ;;
   esac
@@ -189,6 +190,13 @@ lane_consumer() {
   aarch64-linux-gnu-objdump -f "$B/aarch64/prefix/lib/libpercpu.a" | grep -q 'aarch64' &&
     ls "$B/aarch64/prefix/lib/cmake/percpu/percpuConfig.cmake" "$B/aarch64/prefix/include/percpu/cpu.hpp" &&
     echo "aarch64 install: ok"
+}
+
+# One scratch copy and one build directory kept between runs, so each mutant
+# rebuilds only what its patch touches (scripts/mutants.sh; DEVELOPERS.md says
+# how to add one).
+lane_mutants() {
+  "$root/scripts/mutants.sh" "$B"
 }
 
 mkdir -p "$root/build/lanes"
