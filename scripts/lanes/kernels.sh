@@ -130,11 +130,16 @@ loader_name() { [[ $1 == x86_64 ]] && echo ld-linux-x86-64.so.2 || echo ld-linux
 
 static_runs() {  # prefix
   local p=$1 t
+  # The free list's affinity-flipping stress case asserts that its flipper
+  # thread moved a worker at least once; under TCG, with twelve busy workers
+  # on two emulated CPUs, the flipper can go its whole (scaled) run without
+  # being scheduled. It runs in every native lane; here it is left out.
+  local filter=GTEST_FILTER=-FreeListStressTest.AffinityFlipping
   for t in "${STATIC_SUITES[@]}"; do
-    run "static/glibc/$t" PERCPU_EXPECT_OWNER=glibc PERCPU_EXPECT_BACKEND=rseq rseq -- "$p/s/$t"
+    run "static/glibc/$t" PERCPU_EXPECT_OWNER=glibc PERCPU_EXPECT_BACKEND=rseq $filter rseq -- "$p/s/$t"
     run "static/own/$t" GLIBC_TUNABLES=glibc.pthread.rseq=0 PERCPU_EXPECT_OWNER=percpu \
-      PERCPU_EXPECT_BACKEND=rseq rseq -- "$p/s/$t"
-    run "static/fallback/$t" PERCPU_EXPECT_OWNER=none -- "$p/s/seccomp_exec" ENOSYS "$p/s/$t"
+      PERCPU_EXPECT_BACKEND=rseq $filter rseq -- "$p/s/$t"
+    run "static/fallback/$t" PERCPU_EXPECT_OWNER=none $filter -- "$p/s/seccomp_exec" ENOSYS "$p/s/$t"
   done
   run "static/sections-off/sections_switch_test" PERCPU_RSEQ_SECTIONS=off rseq -- "$p/s/sections_switch_test"
 }
