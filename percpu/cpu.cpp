@@ -8,8 +8,15 @@
 //   2. Otherwise, on an architecture whose signature percpu knows, the fast
 //      path reads percpu's own static-TLS area. Each thread registers it on its
 //      first slow-path call; until then its cpu_id holds -1.
+//      A thread that another library registered first (percpu's attempt
+//      fails with EINVAL) shares that library's area if a published
+//      convention finds it (librseq's rseq_offset/rseq_size, or a
+//      __rseq_abi TLS symbol as tcmalloc and older librseq define) and the
+//      kernel confirms it is the thread's registration; that thread only.
 //   3. A fallback (RDPID, vDSO, syscall) is chosen once, for threads whose
 //      registration fails and for PERCPU_BACKEND=rdpid|vdso|syscall.
+//   4. On arm64 kernels that lost the abort on same-CPU preemption the
+//      structures take their no-rseq paths (PERCPU_RSEQ_SECTIONS overrides).
 // Every fast-path offset points into static TLS, so the same offset is right
 // for every thread, including threads that existed before the first call.
 
@@ -20,6 +27,7 @@
 #include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -40,6 +48,10 @@
 extern "C" {
 extern const unsigned int __rseq_size __attribute__((weak));
 extern const std::ptrdiff_t __rseq_offset __attribute__((weak));
+// librseq's convention for where a thread's area is, in static programs
+// (dynamic ones are asked through dlsym).
+extern const std::ptrdiff_t rseq_offset __attribute__((weak));
+extern const unsigned int rseq_size __attribute__((weak));
 }
 
 namespace percpu {
@@ -47,22 +59,29 @@ namespace internal {
 
 // Constant-initialised to zero: see fast_path_offsets for why that is safe
 // before start-up.
-fast_path_offsets g_fast_path = {0, 0, 0, 0, 0, 0, 0, false};
+fast_path_offsets g_fast_path = {0, 0, 0, 0, 0, 0, 0, 0, false};
 
 namespace {
 
-enum class thread_registration : int { untried, trying, registered, failed };
+// shared: another library registered the thread first, and percpu reads
+// (and, with the same signature, runs sections on) that library's area.
+enum class thread_registration : int { untried, trying, registered, shared, failed };
 
 // Static TLS (initial-exec), so each variable sits at one fixed offset from
 // the thread pointer in every thread, and a signal handler can touch it.
 // The kernel-owned fields hold -1 until the kernel writes them; that value is
 // only the initial image, never a store.
 #define PERCPU_STATIC_TLS __attribute__((tls_model("initial-exec")))
-thread_local rseq_area own_area PERCPU_STATIC_TLS = {0, kCpuIdUninitialized, 0, 0, -1, -1};
+thread_local own_rseq_area own_area PERCPU_STATIC_TLS = {{0, kCpuIdUninitialized, 0, 0, -1, -1}, {}};
 // Never registered: the fast path lands here when a fallback is forced.
 thread_local rseq_area unregistered_area PERCPU_STATIC_TLS = {0, kCpuIdUninitialized, 0, 0, -1, -1};
 thread_local thread_registration registration PERCPU_STATIC_TLS = thread_registration::untried;
 thread_local int registration_error PERCPU_STATIC_TLS = 0;
+// Another library's area this thread shares (thread_registration::shared),
+// the length it is registered with, and whether its signature is percpu's.
+thread_local rseq_area* shared_area PERCPU_STATIC_TLS = nullptr;
+thread_local unsigned shared_length PERCPU_STATIC_TLS = 0;
+thread_local bool shared_sections PERCPU_STATIC_TLS = false;
 
 }  // namespace
 
@@ -78,6 +97,16 @@ struct process_state {
   std::atomic<rseq_owner> owner{rseq_owner::none};
   std::intptr_t natural_area = 0;            // the area rseq would serve from
   unsigned feature_size = 0;                 // bytes the kernel keeps current
+  unsigned own_length = kRegisteredLength;   // what percpu registers its area with
+  bool sections = true;                      // rseq_sections_enabled()
+  // Other registrants' conventions, resolved at start-up (dlsym is not
+  // async-signal-safe, and registration may run in a signal handler): the
+  // address of librseq's rseq_offset and rseq_size, and the thread-pointer
+  // offset of a __rseq_abi in static TLS.
+  const std::ptrdiff_t* librseq_offset = nullptr;
+  const unsigned* librseq_size = nullptr;
+  bool have_rseq_abi = false;
+  std::intptr_t rseq_abi_offset = 0;
   cpu_backend fallback = cpu_backend::syscall;
   vdso_getcpu_fn vdso_getcpu = nullptr;     // cached for the vdso fallback
   int forced = -1;                           // a cpu_backend, or -1
@@ -169,9 +198,10 @@ void aim_fast_path(std::intptr_t area, unsigned feature_size) {
 // offsets that are set.
 void open_fast_path() {
   g_fast_path.section_state = tp_offset_of(&t_section_state);
+  const auto limit = static_cast<std::uint32_t>(max_cpus());
   __atomic_store_n(&g_fast_path.node_limit, 0x80000000u, __ATOMIC_RELEASE);
-  __atomic_store_n(&g_fast_path.cpu_limit, static_cast<std::uint32_t>(max_cpus()),
-                   __ATOMIC_RELEASE);
+  __atomic_store_n(&g_fast_path.section_limit, g_state.sections ? limit : 0u, __ATOMIC_RELEASE);
+  __atomic_store_n(&g_fast_path.cpu_limit, limit, __ATOMIC_RELEASE);
 }
 
 // Every change of owner or fallback goes through here, so the inline RDPID
@@ -263,11 +293,51 @@ const char* startup_env(const char* name, char* buffer, std::size_t size) {
   return buffer;
 }
 
+// Where other libraries that register rseq say their area is. Only the
+// addresses are taken here; the values are read when a thread needs them,
+// since such a library may set them in a constructor that runs after this.
+void find_other_registrants() {
+  g_state.librseq_offset = static_cast<const std::ptrdiff_t*>(dlsym(RTLD_DEFAULT, "rseq_offset"));
+  g_state.librseq_size = static_cast<const unsigned*>(dlsym(RTLD_DEFAULT, "rseq_size"));
+  if (g_state.librseq_offset == nullptr || g_state.librseq_size == nullptr) {
+    g_state.librseq_offset = &rseq_offset != nullptr ? &rseq_offset : nullptr;
+    g_state.librseq_size = &rseq_size != nullptr ? &rseq_size : nullptr;
+  }
+  // A TLS symbol: dlsym answers with this thread's instance. Its offset from
+  // the thread pointer is every thread's when the defining object sits in
+  // static TLS; when it does not, the kernel's check in adopt_other_area()
+  // refuses the other threads' guesses, and they fall back.
+  if (void* abi = dlsym(RTLD_DEFAULT, "__rseq_abi")) {
+    g_state.have_rseq_abi = true;
+    g_state.rseq_abi_offset = tp_offset_of(abi);
+  }
+}
+
+// PERCPU_RSEQ_SECTIONS=on|off, or the kernel check.
+bool decide_sections() {
+  char value[8];
+  const char* forced = startup_env("PERCPU_RSEQ_SECTIONS", value, sizeof(value));
+  if (forced != nullptr && std::strcmp(forced, "on") == 0) return true;
+  if (forced != nullptr && std::strcmp(forced, "off") == 0) return false;
+  if (forced != nullptr) say({"PERCPU_RSEQ_SECTIONS=", forced, " is not on or off; ignoring it"});
+  struct utsname name;
+  if (uname(&name) != 0) return true;
+  if (!rseq_sections_broken_on(name.machine, name.release)) return true;
+  if (!secure_execution()) {
+    say({"Linux ", name.release, " on ", name.machine,
+         " may not abort rseq critical sections on same-CPU preemption; per-CPU "
+         "structures use their no-rseq paths (PERCPU_RSEQ_SECTIONS=on overrides)"});
+  }
+  return false;
+}
+
 void initialize_once() {
   const unsigned long auxv_feature_size = getauxval(kAtRseqFeatureSize);
   // Kernels before 6.3 have no AT_RSEQ_FEATURE_SIZE; they fill the original 20 bytes.
   g_state.feature_size = auxv_feature_size != 0 ? static_cast<unsigned>(auxv_feature_size)
                                                 : kFeatureSizeOriginal;
+  g_state.own_length = own_registration_length_for(auxv_feature_size, getauxval(kAtRseqAlign));
+  g_state.sections = kArchHasRseq && decide_sections();
 
   char backend_name[32];
   const char* requested = startup_env("PERCPU_BACKEND", backend_name, sizeof(backend_name));
@@ -289,6 +359,7 @@ void initialize_once() {
   } else if (kArchHasRseq) {
     set_owner(rseq_owner::percpu);
     area = tp_offset_of(&own_area);
+    find_other_registrants();
   } else {
     set_owner(rseq_owner::none);
     area = tp_offset_of(&unregistered_area);
@@ -367,6 +438,81 @@ bool kernel_may_lack_rseq() noexcept {
          !g_some_thread_registered.load(std::memory_order_relaxed);
 }
 
+// Whether `area`, found through another library's convention, is the area
+// the kernel has registered for the calling thread: asking the kernel to
+// register it again with the same length answers EBUSY when the signature is
+// percpu's too, EPERM when it differs, and EINVAL for any other area or
+// length. Nothing changes in either case. Sets the length it matched and
+// whether percpu's sections may run on it.
+bool kernel_confirms(rseq_area* area, unsigned hint_length, unsigned* length, bool* same_signature) {
+  const unsigned lengths[] = {hint_length, kRegisteredLength, g_state.own_length};
+  for (unsigned candidate : lengths) {
+    if (candidate < kRegisteredLength) continue;
+    const long rc = syscall(SYS_rseq, area, candidate, 0, kRseqSignature);
+    if (rc == 0) {
+      // Nobody had registered this thread after all (it cannot happen after
+      // the EINVAL that brought us here, unless a signal handler unregistered
+      // in between): leave it as it was.
+      syscall(SYS_rseq, area, candidate, kRseqFlagUnregister, kRseqSignature);
+      return false;
+    }
+    if (errno == EBUSY || errno == EPERM) {
+      *length = candidate;
+      *same_signature = errno == EBUSY;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether `area` shows the CPU getcpu reports: a few tries, since the thread
+// may migrate between the two reads.
+bool shows_current_cpu(const rseq_area* area) {
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    const int before = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
+    unsigned cpu = 0;
+    if (raw_syscall_getcpu(&cpu, nullptr) != 0) return false;
+    const int after = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
+    if (before >= 0 && before == after && static_cast<unsigned>(before) == cpu) return true;
+  }
+  return false;
+}
+
+// After percpu's registration met another library's: finds that library's
+// area through the conventions found at start-up, and shares it for this
+// thread if the kernel confirms it is the thread's registration and it shows
+// the current CPU. Async-signal-safe: reads and system calls only.
+bool adopt_other_area() noexcept {
+  const int saved_errno = errno;
+  struct candidate {
+    bool present;
+    std::intptr_t offset;
+    unsigned length;
+  } candidates[2] = {{false, 0, 0}, {g_state.have_rseq_abi, g_state.rseq_abi_offset, 0}};
+  if (g_state.librseq_offset != nullptr && g_state.librseq_size != nullptr &&
+      *g_state.librseq_size != 0) {
+    candidates[0] = {true, *g_state.librseq_offset, *g_state.librseq_size};
+  }
+  bool adopted = false;
+  for (const candidate& c : candidates) {
+    if (!c.present) continue;
+    auto* area = reinterpret_cast<rseq_area*>(thread_pointer() + c.offset);
+    if (reinterpret_cast<std::uintptr_t>(area) % alignof(rseq_area) != 0) continue;
+    if (area == &own_area.area) continue;
+    unsigned length = 0;
+    bool same_signature = false;
+    if (!kernel_confirms(area, c.length, &length, &same_signature)) continue;
+    if (!shows_current_cpu(area)) continue;
+    shared_area = area;
+    shared_length = length;
+    shared_sections = same_signature;
+    adopted = true;
+    break;
+  }
+  errno = saved_errno;
+  return adopted;
+}
+
 // Registers the calling thread's own area. Re-entrant from a signal handler,
 // which may interrupt an attempt at any instruction. A handler that finds
 // `trying` makes an attempt of its own instead of going without rseq: the
@@ -384,25 +530,31 @@ bool kernel_may_lack_rseq() noexcept {
 // rseq at all (kernel_may_lack_rseq()).
 bool register_this_thread() noexcept {
   const thread_registration state = registration;
-  if (state == thread_registration::registered) return true;
+  if (state == thread_registration::registered || state == thread_registration::shared) return true;
   if (state == thread_registration::failed) return false;
   registration = thread_registration::trying;
   std::atomic_signal_fence(std::memory_order_seq_cst);
   const int saved_errno = errno;
-  // The original 32-byte length needs only 32-byte alignment and every kernel
-  // accepts it, whatever AT_RSEQ_FEATURE_SIZE and AT_RSEQ_ALIGN say; the
-  // fields percpu reads (up to mm_cid) all lie inside it. A longer
-  // registration would only expose fields percpu does not use.
-  const long rc = syscall(SYS_rseq, &own_area, kRegisteredLength, 0, kRseqSignature);
+  // max(feature size, 32) bytes, as glibc 2.41+ registers: on Linux 7.0+ the
+  // kernel then runs the strict V2 mode, which glibc-owned threads get too,
+  // so percpu's own threads are held to the same rules (see
+  // own_registration_length_for()).
+  const long rc = syscall(SYS_rseq, &own_area, g_state.own_length, 0, kRseqSignature);
   const int error = rc == 0 ? 0 : errno;
   errno = saved_errno;
   std::atomic_signal_fence(std::memory_order_seq_cst);
 
-  // EBUSY with our area live means a signal handler that interrupted this
-  // attempt registered the area first.
-  const bool ok = error == 0 || (error == EBUSY && own_area.cpu_id >= 0);
+  // EBUSY (same area, length and signature) with our area live means a
+  // signal handler that interrupted this attempt registered the area first.
+  // EINVAL means another area is registered for this thread: another
+  // library's, which percpu shares if it can find and verify it.
+  bool ok = error == 0 || (error == EBUSY && own_area.area.cpu_id >= 0);
+  const bool shared = !ok && error == EINVAL && adopt_other_area();
+  ok = ok || shared;
   registration_error = ok ? 0 : error;
-  registration = ok ? thread_registration::registered : thread_registration::failed;
+  registration = shared ? thread_registration::shared
+                 : ok   ? thread_registration::registered
+                        : thread_registration::failed;
   if (ok) g_some_thread_registered.store(true, std::memory_order_relaxed);
   if (error == ENOSYS && kernel_may_lack_rseq()) set_owner(rseq_owner::none);
   if (!ok && g_state.forced == static_cast<int>(cpu_backend::rseq) &&
@@ -413,15 +565,21 @@ bool register_this_thread() noexcept {
   return ok;
 }
 
-// True when the calling thread's serving area is registered, after trying to
-// register it if that is percpu's job and has not been tried yet.
-bool ensure_registered() noexcept {
-  if (!ensure_initialized()) return false;
-  if (load_tp_relative_i32(g_fast_path.cpu_id) >= 0) return true;
-  if (g_state.owner.load(std::memory_order_relaxed) != rseq_owner::percpu) return false;
-  if (g_fast_path.area != tp_offset_of(&own_area)) return false;
-  return register_this_thread() && load_tp_relative_i32(g_fast_path.cpu_id) >= 0;
+// The area whose ids the kernel keeps current for the calling thread, after
+// registering the thread if that is percpu's job and has not been tried yet:
+// the serving area (glibc's or percpu's own), another library's area this
+// thread shares, or nullptr.
+rseq_area* thread_rseq_area() noexcept {
+  if (!ensure_initialized()) return nullptr;
+  if (load_tp_relative_i32(g_fast_path.cpu_id) >= 0) return serving_rseq_area();
+  if (g_state.owner.load(std::memory_order_relaxed) != rseq_owner::percpu) return nullptr;
+  if (g_fast_path.area != tp_offset_of(&own_area)) return nullptr;
+  if (!register_this_thread()) return nullptr;
+  rseq_area* area = registration == thread_registration::shared ? shared_area : &own_area.area;
+  return *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id) >= 0 ? area : nullptr;
 }
+
+bool ensure_registered() noexcept { return thread_rseq_area() != nullptr; }
 
 }  // namespace
 
@@ -435,7 +593,8 @@ namespace {
 // line; what remains inline is the fallback itself, which must cost little
 // more than the mechanism it wraps.
 __attribute__((noinline)) int cpu_id_after_registering() noexcept {
-  return ensure_registered() ? load_tp_relative_i32(g_fast_path.cpu_id) : -1;
+  const rseq_area* area = thread_rseq_area();
+  return area != nullptr ? *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id) : -1;
 }
 
 __attribute__((noinline)) int cpu_id_from_syscall() noexcept {
@@ -478,13 +637,23 @@ int cpu_id_unbounded() noexcept {
 
 }  // namespace
 
-int cpu_id_slow() noexcept { return within_max_cpus(cpu_id_unbounded()); }
+int cpu_id_slow() noexcept {
+  // A thread that shares another library's area comes here on every call
+  // (the inline path reads percpu's own, unregistered, area): answer it
+  // before anything else.
+  if (const rseq_area* area = shared_area) {
+    const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
+    if (within(id, g_fast_path.cpu_limit)) return id;
+  }
+  return within_max_cpus(cpu_id_unbounded());
+}
 
 int node_id_slow() noexcept {
-  // Before start-up ensure_registered() is false and the fallback is still
+  // Before start-up thread_rseq_area() is nullptr and the fallback is still
   // the system call.
-  if (ensure_registered() && g_state.feature_size >= kFeatureSizeNodeId) {
-    const int node = load_tp_relative_i32(g_fast_path.node_id);
+  const rseq_area* area = thread_rseq_area();
+  if (area != nullptr && g_state.feature_size >= kFeatureSizeNodeId) {
+    const int node = *reinterpret_cast<volatile const std::int32_t*>(&area->node_id);
     if (node >= 0) return node;
   }
   unsigned node = 0;
@@ -492,15 +661,94 @@ int node_id_slow() noexcept {
 }
 
 int concurrency_id_slow() noexcept {
-  if (ensure_registered()) {
-    const int id = load_tp_relative_i32(g_fast_path.concurrency_id);
+  if (const rseq_area* area = thread_rseq_area()) {
+    const std::int32_t* field =
+        g_state.feature_size >= kFeatureSizeMmCid ? &area->mm_cid : &area->cpu_id;
+    const int id = *reinterpret_cast<volatile const std::int32_t*>(field);
     if (id >= 0) return within_max_cpus(id);
   }
   return cpu_id_slow();
 }
 
 rseq_area* registered_rseq_area() noexcept {
-  return ensure_registered() ? serving_rseq_area() : nullptr;
+  rseq_area* area = thread_rseq_area();
+  if (area == nullptr || !g_state.sections) return nullptr;
+  if (area == shared_area && !shared_sections) return nullptr;
+  return area;
+}
+
+bool rseq_sections_enabled() noexcept {
+  return ensure_initialized() && g_state.sections;
+}
+
+namespace {
+
+// Leading decimal number of `text`, advancing it; -1 without digits.
+int parse_number(const char** text) {
+  int value = -1;
+  for (; **text >= '0' && **text <= '9'; ++*text) {
+    value = (value < 0 ? 0 : value * 10) + (**text - '0');
+    if (value > 1000000) return -1;
+  }
+  return value;
+}
+
+}  // namespace
+
+bool rseq_sections_broken_on(const char* machine, const char* release) noexcept {
+  if (machine == nullptr || release == nullptr || std::strcmp(machine, "aarch64") != 0) return false;
+  const char* p = release;
+  const int major = parse_number(&p);
+  if (major < 0 || *p != '.') return false;
+  ++p;
+  const int minor = parse_number(&p);
+  if (minor < 0) return false;
+  int patch = 0;
+  if (*p == '.') {
+    ++p;
+    patch = parse_number(&p);
+    if (patch < 0) return false;
+  }
+  const bool release_candidate = std::strncmp(p, "-rc", 3) == 0;
+  // The rewrite of 6.19 dropped the abort; 6.19.y was never known fixed. The
+  // fix reached 7.0.y with 7.0.14 (as MongoDB's and Docker's reports tell)
+  // and landed in the 7.1 cycle, so 7.1's release candidates count as broken
+  // too. Distribution kernels that backport the fix under an older number
+  // (Ubuntu's 7.0.0-N) are treated as broken: PERCPU_RSEQ_SECTIONS=on is for
+  // them.
+  if (major == 6 && minor == 19) return true;
+  if (major == 7 && minor == 0) return patch < 14;
+  if (major == 7 && minor == 1) return release_candidate;
+  return false;
+}
+
+unsigned own_registration_length_for(unsigned long feature_size, unsigned long align) noexcept {
+  const unsigned long length = feature_size > kRegisteredLength ? feature_size : kRegisteredLength;
+  const unsigned long needed_align = align > kRegisteredLength ? align : kRegisteredLength;
+  // A length beyond 32 needs alignment to AT_RSEQ_ALIGN; both must fit the
+  // static area.
+  if (length > sizeof(own_rseq_area) || needed_align > alignof(own_rseq_area)) {
+    return kRegisteredLength;
+  }
+  return static_cast<unsigned>(length);
+}
+
+unsigned rseq_registration_length() noexcept {
+  rseq_area* area = thread_rseq_area();
+  if (area == nullptr) return 0;
+  if (area == &own_area.area) return g_state.own_length;
+  if (area == shared_area) return shared_length;
+  // glibc's: ask the kernel (see kernel_confirms()).
+  const int saved_errno = errno;
+  unsigned length = 0;
+  bool same_signature = false;
+  const unsigned glibc_size = &__rseq_size != nullptr ? __rseq_size : 0;
+  const auto* size = static_cast<const unsigned*>(dlsym(RTLD_DEFAULT, "__rseq_size"));
+  if (!kernel_confirms(area, size != nullptr ? *size : glibc_size, &length, &same_signature)) {
+    length = 0;
+  }
+  errno = saved_errno;
+  return length;
 }
 
 int rseq_registration_error() noexcept {
@@ -548,6 +796,7 @@ const char* to_string(rseq_owner owner) noexcept {
     case rseq_owner::none: return "none";
     case rseq_owner::glibc: return "glibc";
     case rseq_owner::percpu: return "percpu";
+    case rseq_owner::other: return "other";
   }
   return "unknown";
 }
@@ -560,9 +809,10 @@ cpu_backend fallback_backend() noexcept { return internal::g_state.fallback; }
 
 rseq_owner rseq_ownership() noexcept {
   // percpu "owns" rseq only if registration works here; ask on this thread.
-  if (internal::g_state.owner == rseq_owner::percpu && !internal::ensure_registered() &&
-      internal::registration_error != 0) {
-    return rseq_owner::none;
+  if (internal::g_state.owner == rseq_owner::percpu) {
+    const internal::rseq_area* area = internal::thread_rseq_area();
+    if (area != nullptr && area == internal::shared_area) return rseq_owner::other;
+    if (area == nullptr && internal::registration_error != 0) return rseq_owner::none;
   }
   return internal::g_state.owner;
 }

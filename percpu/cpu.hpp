@@ -68,6 +68,9 @@ enum class rseq_owner {
   none,    // nobody: rseq is unavailable or a non-rseq backend is forced
   glibc,   // glibc 2.35+ registers every thread; percpu reads its area
   percpu,  // percpu registers each thread's area on first use
+  other,   // another library (librseq, tcmalloc...) registered this thread
+           // first; percpu reads its area, and runs sections on it when it
+           // was registered with the common signature
 };
 const char* to_string(rseq_owner owner) noexcept;
 
@@ -135,6 +138,9 @@ struct alignas(64) fast_path_offsets {
   std::intptr_t section_state;   // the thread's section-user word (slot_lock.hpp)
   std::uint32_t cpu_limit;       // max_cpus(): bounds cpu_id and concurrency_id
   std::uint32_t node_limit;      // bounds node_id
+  // cpu_limit when the kernel aborts critical sections as documented, 0 when
+  // the structures must take their no-rseq paths (rseq_sections_enabled()).
+  std::uint32_t section_limit;
   // True when a rejected cpu_id can be answered by RDPID right away: the
   // fallback is RDPID and no thread has an rseq registration of percpu's
   // still to attempt. Keeps that fallback as cheap as the instruction.

@@ -11,12 +11,14 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/auxv.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -195,6 +197,48 @@ TEST(CpuMode, UnforcedFallbackIsTheFastestThatWorksHere) {
   if (backend() != cpu_backend::rseq) {
     EXPECT_STREQ(to_string(backend()), to_string(want)) << "the fallback serves this thread";
   }
+}
+
+// percpu's own registration is as long as the kernel's feature size (at
+// least 32 bytes), as glibc 2.41+ registers: the V2 mode on Linux 7.0+.
+TEST(CpuRegistration, OwnLengthFollowsTheFeatureSize) {
+  using internal::own_registration_length_for;
+  EXPECT_EQ(own_registration_length_for(0, 0), 32u) << "before Linux 6.3: no auxv entries";
+  EXPECT_EQ(own_registration_length_for(28, 32), 32u) << "Linux 6.3 to 6.19";
+  EXPECT_EQ(own_registration_length_for(33, 64), 33u) << "Linux 7.x: V2";
+  EXPECT_EQ(own_registration_length_for(64, 64), 64u) << "a future feature size that still fits";
+  EXPECT_EQ(own_registration_length_for(65, 128), 32u) << "more than the static area holds";
+  EXPECT_EQ(own_registration_length_for(40, 128), 32u) << "an alignment the area lacks";
+}
+
+TEST(CpuRegistration, LengthMatchesTheMode) {
+  const unsigned length = internal::rseq_registration_length();
+  if (backend() != cpu_backend::rseq) {
+    EXPECT_EQ(length, 0u);
+    GTEST_SKIP() << "no rseq registration for this thread";
+  }
+  const unsigned long feature = getauxval(internal::kAtRseqFeatureSize);
+  const unsigned long align = getauxval(internal::kAtRseqAlign);
+  if (rseq_ownership() == rseq_owner::percpu) {
+    EXPECT_EQ(length, internal::own_registration_length_for(feature, align));
+    if (feature > 32 && align <= 64) {
+      EXPECT_GT(length, 32u) << "own threads must be V2 on 7.x";
+    }
+    // The kernel checks the alignment itself; this pins the promise.
+    const auto* area = internal::registered_rseq_area();
+    if (area != nullptr) {
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(area) % 64, 0u);
+    }
+  } else {
+    // glibc registers max(__rseq_size, 32) bytes: 32 up to 2.40 and on
+    // kernels before 7.0, the feature size from 2.41 on 7.x.
+    EXPECT_GE(length, 32u);
+    EXPECT_TRUE(length == 32 || length == feature) << length;
+  }
+  // Another thread asks for its own.
+  unsigned other = 0;
+  std::thread([&] { other = internal::rseq_registration_length(); }).join();
+  EXPECT_EQ(other, length);
 }
 
 TEST(CpuMode, SyscallAlwaysUsableAndVdsoOnX86) {

@@ -23,7 +23,7 @@ int percpu_max_cpus(void) { return percpu::max_cpus(); }
 int percpu_sched_getcpu(void) {
   const int id = percpu::internal::rseq_cpu_id_or_negative();
   if (__builtin_expect(id >= 0, 1)) return id;
-  if (percpu::internal::registered_rseq_area() != nullptr) return percpu::cpu_id();
+  if (percpu::backend() == percpu::cpu_backend::rseq) return percpu::cpu_id();
   // Before start-up the fallback is still the system call.
   unsigned cpu = 0;
   const int error = percpu::internal::query_fallback(&cpu, nullptr);

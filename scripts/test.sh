@@ -16,7 +16,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 export PERCPU_STRESS_SCALE=${PERCPU_STRESS_SCALE:-1}
 export CTEST_OUTPUT_ON_FAILURE=1
 
-all_lanes=(default clang asan-ubsan tsan valgrind rseq-off seams aarch64-user aarch64-system warnings consumer mutants)
+all_lanes=(default clang asan-ubsan tsan valgrind rseq-off seams aarch64-user aarch64-system kernels warnings consumer mutants)
 describe() {
   case "$1" in
     default) echo "g++, Release with assertions, -Werror: the whole ctest suite (every mode variant)" ;;
@@ -28,6 +28,7 @@ describe() {
     seams) echo "structure tests built with PERCPU_INJECT_DELAYS, then with PERCPU_COMPARE_TWICE" ;;
     aarch64-user) echo "aarch64 cross build under qemu-user (fallback paths)" ;;
     aarch64-system) echo "aarch64 static tests in an initramfs on Debian's arm64 kernel, qemu-system -smp 2 (real rseq)" ;;
+    kernels) echo "Debian kernels 5.10-7.3 (x86-64 TCG, arm64) x glibc 2.36-2.44 x rseq modes; writes docs/compatibility.md" ;;
     warnings) echo "-Wall -Wextra -Werror with g++ and clang (done by default/clang), and percpu.h compiled as C" ;;
     consumer) echo "install the shared library and build a consumer with find_package and pkg-config; aarch64 cross install" ;;
     mutants) echo "each deliberate bug in tests/mutants/*.patch, planted in a scratch copy (clang++): the tests named for it must fail" ;;
@@ -55,7 +56,7 @@ for l in "${lanes[@]}"; do
   case "$l" in
     clang|warnings|mutants) groups+=(clang) ;;
     valgrind) groups+=(valgrind) ;;
-    aarch64-*) groups+=(aarch64) ;;
+    aarch64-*|kernels) groups+=(aarch64) ;;
   esac
 done
 groups+=(allocators sync aarch64)  # benchmarks link the allocators, TBB and liburcu; the aarch64 probe is always checked
@@ -159,6 +160,9 @@ lane_aarch64-user() {
 }
 lane_aarch64-system() {
   (cd "$root" && AARCH64_SYSTEM_BUILD_DIR="$B" scripts/lanes/aarch64-system.sh)
+}
+lane_kernels() {
+  (cd "$root" && KERNELS_BUILD_DIR="$B" scripts/lanes/kernels.sh)
 }
 
 lane_warnings() {

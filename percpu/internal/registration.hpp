@@ -26,10 +26,36 @@ inline bool ensure_initialized() noexcept {
   return initialize_now();
 }
 
-// The calling thread's serving rseq area if the kernel keeps it current (the
-// thread is registered, by glibc or by percpu), registering it first if due;
-// nullptr when this thread runs on a fallback. Critical sections use it.
+// The calling thread's rseq area for critical sections if the kernel keeps it
+// current (the thread is registered, by glibc, by percpu, or by another
+// library whose area percpu shares and whose signature is percpu's),
+// registering it first if due; nullptr when this thread must use the
+// structures' no-rseq paths: no rseq, a foreign area registered with another
+// signature, or sections turned off (rseq_sections_enabled()).
 rseq_area* registered_rseq_area() noexcept;
+
+// Whether the per-CPU structures run rseq critical sections in this process.
+// False on arm64 kernels that do not abort a section preempted and resumed on
+// the same CPU (rseq_sections_broken_on()), and under
+// PERCPU_RSEQ_SECTIONS=off; PERCPU_RSEQ_SECTIONS=on overrides the kernel
+// check. cpu_id() reads rseq either way.
+bool rseq_sections_enabled() noexcept;
+
+// The decision behind rseq_sections_enabled(), for a kernel's uname machine
+// and release: true for arm64 releases 6.19.x, 7.0.x before 7.0.14 and 7.1
+// release candidates, which lose the abort on same-CPU preemption.
+bool rseq_sections_broken_on(const char* machine, const char* release) noexcept;
+
+// The length percpu registers its own area with, given AT_RSEQ_FEATURE_SIZE
+// and AT_RSEQ_ALIGN (0 when absent): max(feature size, 32) as glibc 2.41+
+// does, which on Linux 7.0+ selects the strict V2 mode; 32 when own_rseq_area
+// cannot hold that length or meet that alignment.
+unsigned own_registration_length_for(unsigned long feature_size, unsigned long align) noexcept;
+
+// The length the calling thread's serving area is registered with (asked of
+// the kernel for glibc's), or 0 when the thread has none. More than 32 is
+// the V2 mode on Linux 7.0+; 32 the legacy mode.
+unsigned rseq_registration_length() noexcept;
 
 // The area the fast path of the calling thread reads, registered or not.
 // Before start-up this is the thread control block: only use it after

@@ -58,8 +58,24 @@ constexpr unsigned kFeatureSizeOriginal = 20;  // up to and including flags
 constexpr unsigned kFeatureSizeNodeId = 24;
 constexpr unsigned kFeatureSizeMmCid = 28;
 
-// The length percpu registers, and the one the kernel accepts from everyone.
+// The original length: every kernel accepts it (with 32-byte alignment), and
+// from Linux 7.0 on it selects the legacy mode.
 constexpr unsigned kRegisteredLength = 32;
+
+// percpu's own area: room for a registration longer than 32 bytes, which
+// Linux 7.0+ accepts only 64-byte aligned and answers with its strict (V2)
+// mode. The tail belongs to the kernel as much as the rest: percpu never
+// writes any of it.
+struct alignas(64) own_rseq_area {
+  rseq_area area;
+  unsigned char tail[32];
+};
+static_assert(sizeof(own_rseq_area) == 64 && alignof(own_rseq_area) == 64,
+              "room and alignment for a V2 registration");
+static_assert(offsetof(own_rseq_area, area) == 0, "the kernel sees struct rseq at the start");
+
+// Registration flags (sys_rseq's third argument).
+constexpr int kRseqFlagUnregister = 1;
 
 constexpr int kCpuIdUninitialized = -1;
 constexpr int kCpuIdRegistrationFailed = -2;

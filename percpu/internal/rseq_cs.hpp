@@ -107,10 +107,11 @@ inline unsigned inject_delay_loops() noexcept {
   return g_inject_delay_loops.load(std::memory_order_relaxed);
 }
 
-// The calling thread's registered area, or nullptr when it has no rseq (the
-// caller must then use atomics). Inline fast path: a registered area shows a
-// cpu_id below the fast path's bound; anything else asks the slow path, which
-// runs start-up and registers the thread first if that is percpu's job.
+// The calling thread's registered area, or nullptr when it has no rseq or
+// sections are off (the caller must then use atomics). Inline fast path: a
+// registered area shows a cpu_id below the sections' bound (0 when sections
+// are off); anything else asks the slow path, which runs start-up and
+// registers the thread first if that is percpu's job.
 // Before start-up the bound is 0, so no section is ever armed through an
 // offset that start-up has not set yet (the word at offset 0 is the thread
 // control block, which a section must never write). The bound is read first,
@@ -120,7 +121,7 @@ inline unsigned inject_delay_loops() noexcept {
 // area offset start-up wrote, never a new bound with the old offset. On
 // x86-64 that is the plain load it would be anyway.
 inline rseq_area* rseq_area_for_sections() noexcept {
-  const std::uint32_t limit = __atomic_load_n(&g_fast_path.cpu_limit, __ATOMIC_ACQUIRE);
+  const std::uint32_t limit = __atomic_load_n(&g_fast_path.section_limit, __ATOMIC_ACQUIRE);
   rseq_area* area = serving_rseq_area();
   const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
   if (__builtin_expect(within(id, limit), 1)) return area;

@@ -34,7 +34,9 @@ static_assert(index_offset<index_kind::mm_cid>() == offsetof(rseq_area, mm_cid),
 
 namespace stress = percpu::stress;
 
-bool rseq_served() { return backend() == cpu_backend::rseq; }
+// Whether this thread's sections run on rseq: it has rseq, and sections are
+// not switched off (rseq_sections_enabled()).
+bool rseq_served() { return backend() == cpu_backend::rseq && rseq_sections_enabled(); }
 
 // Checks the descriptor a section left armed in area->rseq_cs: the same
 // properties the kernel checks when it aborts the section.

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "percpu/cpu.hpp"
+#include "percpu/internal/registration.hpp"
 
 namespace {
 
@@ -20,10 +21,15 @@ class expect_mode : public ::testing::Environment {
   void SetUp() override {
     const char* owner = percpu::to_string(percpu::rseq_ownership());
     const char* backend = percpu::to_string(percpu::backend());
+    // The registration length says which kernel mode serves the thread:
+    // more than 32 bytes is Linux 7.0+'s strict V2 mode, 32 the legacy one.
+    const unsigned length = percpu::internal::rseq_registration_length();
     std::printf("percpu test mode: rseq owner=%s, main thread backend=%s, fallback=%s, "
-                "feature size=%u, max_cpus=%d\n",
+                "feature size=%u, max_cpus=%d, registration=%u (%s), sections=%s\n",
                 owner, backend, percpu::to_string(percpu::fallback_backend()),
-                percpu::rseq_feature_size(), percpu::max_cpus());
+                percpu::rseq_feature_size(), percpu::max_cpus(), length,
+                length == 0 ? "none" : length > 32 ? "v2" : "legacy",
+                percpu::internal::rseq_sections_enabled() ? "on" : "off");
     if (const char* want = std::getenv("PERCPU_EXPECT_OWNER")) {
       EXPECT_STREQ(owner, want) << "this variant must run with rseq owned by " << want;
     }

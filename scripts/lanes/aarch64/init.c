@@ -13,7 +13,8 @@
  *      streams line by line, with its own environment and time limit;
  *   5. prints one PASS/FAIL line per run and a summary line, then powers off.
  *
- * Every line of its own starts with "aarch64-system:" so the host script can
+ * Every line of its own starts with TAG ("aarch64-system:" unless the lane
+ * builds it with another) so the host script can
  * tell them from the tests' output. A run passes when it exits 0 and, where
  * the manifest says rseq must serve it, its printed mode shows that rseq did:
  * a test that silently fell back fails here even if its own checks passed.
@@ -55,7 +56,10 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Each lane that boots this /init builds it with its own -DTAG. */
+#ifndef TAG
 #define TAG "aarch64-system: "
+#endif
 #define MAX_ARGS 64
 #define MAX_ENVS 32
 #define MAX_WORD 512

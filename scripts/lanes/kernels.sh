@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# The kernels lane: percpu on every kernel and glibc that changed rseq.
+#
+# Boots Debian's cloud kernels (5.10 bullseye, 6.1 bookworm, 6.12 trixie, 7.2
+# sid, 7.3-rc experimental) for x86-64 (qemu-system-x86_64 -accel tcg -cpu max
+# -smp 2: KVM does not work for these guests here) and arm64
+# (qemu-system-aarch64 -M virt -cpu max -smp 2), each with an initramfs whose
+# /init is the aarch64-system lane's (scripts/lanes/aarch64/init.c). In every
+# VM the rseq-relevant suites run statically linked against the build's glibc,
+# in each mode: glibc-owned, percpu's own registration, and the fallback
+# (seccomp makes rseq ENOSYS). On the kernels in DYNAMIC_SUITES, and on this
+# machine's kernel, the same tests also run dynamically linked under each
+# Debian glibc, started through that glibc's own loader
+# (ld-linux-*.so --library-path ...), plus the tests with another rseq
+# registrant in the process. 7.2 boots with rseq_debug=1, where the kernel
+# kills a task that writes a field it owns or makes a system call inside a
+# critical section.
+#
+# It prints a table kernel x glibc x arch (result, rseq owner, registration
+# length and mode, feature size, backend, sections) and writes it to
+# docs/compatibility.md with the date and commit. It fails on any failed run,
+# and on any run that should have had rseq and did not.
+#
+# Packages come through a private apt configuration (scripts/lanes/vm/fetch.sh),
+# cached in build/kernels-cache: a fresh machine downloads each one once.
+#
+# Settings (environment):
+#   KERNELS_BUILD_DIR     build directory (default build/lanes/kernels)
+#   KERNELS_SUITES        Debian suites whose kernels boot (default: all five)
+#   KERNELS_ARCHES        x86_64 and/or aarch64 (default: both)
+#   KERNELS_NO_DOC        set to leave docs/compatibility.md alone
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BUILD=${KERNELS_BUILD_DIR:-$REPO/build/lanes/kernels}
+case $BUILD in /*) ;; *) BUILD=$REPO/$BUILD ;; esac
+CACHE=$REPO/build/kernels-cache
+SUITES=(${KERNELS_SUITES:-bullseye bookworm trixie sid experimental})
+ARCHES=(${KERNELS_ARCHES:-x86_64 aarch64})
+# Kernels that also run the dynamic glibc matrix and the other-registrant tests.
+DYNAMIC_SUITES=(bookworm sid)
+# glibcs for the dynamic runs. bullseye's 2.31 cannot load binaries built
+# against this machine's 2.36 (they need GLIBC_2.34 symbols); its case (no
+# rseq in glibc, percpu registers) is what the own-registration runs cover.
+GLIBC_SUITES=(bookworm trixie sid experimental)
+# The kernel whose runs happen under rseq_debug=1.
+DEBUG_SUITE=sid
+STATIC_SUITES=(cpu_test rseq_cs_test counter_test free_list_test object_pool_test)
+DYNAMIC_TESTS=(cpu_test counter_test)
+FOREIGN_TESTS=(foreign_rseq_librseq_test foreign_rseq_abi_test)
+# Long enough for the stress tests' helper threads (affinity flippers) to act
+# under TCG, short enough for ten VMs.
+STRESS_SCALE=0.2
+TAG=kernels
+lane_start=$(date +%s)
+
+say() { echo "[$TAG] $*"; }
+die() { echo "[$TAG] FAILED: $*" >&2; exit 1; }
+
+# --- Debian packages for the host ----------------------------------------
+packages=(qemu-system-x86 qemu-system-arm g++-aarch64-linux-gnu cpio cmake ninja-build googletest gzip python3)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  [[ $(id -u) -eq 0 ]] || die "missing packages; run: apt-get install -y ${missing[*]}"
+  say "installing ${missing[*]}"
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+debarch() { [[ $1 == x86_64 ]] && echo amd64 || echo arm64; }
+
+# --- Kernels and glibcs --------------------------------------------------
+fetch_start=$(date +%s)
+declare -A KERNEL GLIBC
+for arch in "${ARCHES[@]}"; do
+  for suite in "${SUITES[@]}"; do
+    KERNEL[$arch-$suite]=$("$REPO/scripts/lanes/vm/fetch.sh" "$CACHE" kernel "$(debarch "$arch")" "$suite") ||
+      die "cannot fetch the $suite kernel for $arch"
+  done
+  for suite in "${GLIBC_SUITES[@]}"; do
+    GLIBC[$arch-$suite]=$("$REPO/scripts/lanes/vm/fetch.sh" "$CACHE" libc6 "$(debarch "$arch")" "$suite") ||
+      die "cannot fetch $suite's glibc for $arch"
+  done
+done
+say "packages ready ($(($(date +%s) - fetch_start))s)"
+
+# --- Builds: static and dynamic, per arch --------------------------------
+build_start=$(date +%s)
+build() {  # arch kind -> directory
+  local arch=$1 kind=$2 dir=$BUILD/$1-$2 args=()
+  [[ $arch == aarch64 ]] && args+=(-DCMAKE_TOOLCHAIN_FILE="$REPO/cmake/toolchains/aarch64-linux-gnu.cmake"
+                                   -DCMAKE_CROSSCOMPILING_EMULATOR=)
+  [[ $kind == static ]] && args+=(-DCMAKE_EXE_LINKER_FLAGS=-static)
+  local targets=(seccomp_exec "${STATIC_SUITES[@]}" sections_switch_test)
+  [[ $kind == dynamic ]] && targets=("${DYNAMIC_TESTS[@]}" "${FOREIGN_TESTS[@]}")
+  mkdir -p "$dir"
+  cmake -S "$REPO" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERCPU_KEEP_ASSERTS=ON \
+    -DPERCPU_BUILD_TOOLS=OFF -DPERCPU_BUILD_BENCHMARKS=OFF -DPERCPU_BUILD_EXAMPLES=OFF \
+    -DPERCPU_STRESS_SCALE="$STRESS_SCALE" "${args[@]}" >"$dir/configure.log" 2>&1 ||
+    { cat "$dir/configure.log" >&2; die "configure $arch-$kind failed"; }
+  cmake --build "$dir" -j2 --target "${targets[@]}" >"$dir/build.log" 2>&1 ||
+    { tail -40 "$dir/build.log" >&2; die "build $arch-$kind failed"; }
+}
+for arch in "${ARCHES[@]}"; do build "$arch" static; build "$arch" dynamic; done
+say "builds ready ($(($(date +%s) - build_start))s)"
+
+# --- Manifests (init.c's format) -----------------------------------------
+# Runs are named SUITE/GLIBC/MODE/TEST so the report can group them.
+run() {  # name, then: env NAME=VALUE..., rseq, --, argv...
+  local name=$1; shift
+  echo "run $name"
+  echo "timeout 600"
+  echo "env PERCPU_STRESS_SCALE=$STRESS_SCALE"
+  local rseq=0
+  while [[ $1 != -- ]]; do
+    case $1 in rseq) rseq=1 ;; *) echo "env $1" ;; esac
+    shift
+  done
+  shift
+  for a in "$@"; do echo "arg $a"; done
+  echo mode
+  ((rseq)) && echo rseq
+  echo end
+}
+glibc_version() { cat "${GLIBC[$1-$2]}/version" | sed 's/-.*//'; }
+loader_name() { [[ $1 == x86_64 ]] && echo ld-linux-x86-64.so.2 || echo ld-linux-aarch64.so.1; }
+
+static_runs() {  # prefix
+  local p=$1 t
+  # The free list's affinity-flipping stress case asserts that its flipper
+  # thread moved a worker at least once; under TCG, with twelve busy workers
+  # on two emulated CPUs, the flipper can go its whole (scaled) run without
+  # being scheduled. It runs in every native lane; here it is left out.
+  local filter=GTEST_FILTER=-FreeListStressTest.AffinityFlipping
+  for t in "${STATIC_SUITES[@]}"; do
+    run "static/glibc/$t" PERCPU_EXPECT_OWNER=glibc PERCPU_EXPECT_BACKEND=rseq $filter rseq -- "$p/s/$t"
+    run "static/own/$t" GLIBC_TUNABLES=glibc.pthread.rseq=0 PERCPU_EXPECT_OWNER=percpu \
+      PERCPU_EXPECT_BACKEND=rseq $filter rseq -- "$p/s/$t"
+    run "static/fallback/$t" PERCPU_EXPECT_OWNER=none $filter -- "$p/s/seccomp_exec" ENOSYS "$p/s/$t"
+  done
+  run "static/sections-off/sections_switch_test" PERCPU_RSEQ_SECTIONS=off rseq -- "$p/s/sections_switch_test"
+}
+dynamic_runs() {  # arch prefix
+  local arch=$1 p=$2 g t v owner
+  for g in "${GLIBC_SUITES[@]}"; do
+    v=$(glibc_version "$arch" "$g")
+    owner=glibc
+    local ld=("$p/g/$g/$(loader_name "$arch")" --library-path "$p/g/$g:$p/d/lib")
+    for t in "${DYNAMIC_TESTS[@]}"; do
+      # CpuExec re-executes the test binary itself, which then needs the
+      # system's loader: the initramfs has none (the static runs cover it).
+      run "glibc-$v/glibc/$t" PERCPU_EXPECT_OWNER=$owner PERCPU_EXPECT_BACKEND=rseq \
+        GTEST_FILTER=-CpuExec.* rseq -- "${ld[@]}" "$p/d/$t"
+      run "glibc-$v/own/$t" GLIBC_TUNABLES=glibc.pthread.rseq=0 PERCPU_EXPECT_OWNER=percpu \
+        PERCPU_EXPECT_BACKEND=rseq GTEST_FILTER=-CpuExec.* rseq -- "${ld[@]}" "$p/d/$t"
+    done
+  done
+  # Another registrant first, under the newest glibc (whose own is off).
+  g=${GLIBC_SUITES[-1]}
+  v=$(glibc_version "$arch" "$g")
+  local ld=("$p/g/$g/$(loader_name "$arch")" --library-path "$p/g/$g:$p/d/lib")
+  for t in "${FOREIGN_TESTS[@]}"; do
+    run "glibc-$v/other/$t" GLIBC_TUNABLES=glibc.pthread.rseq=0 PERCPU_EXPECT_OWNER=other \
+      PERCPU_EXPECT_BACKEND=rseq rseq -- "${ld[@]}" "$p/d/$t"
+  done
+}
+
+# --- Initramfs per arch --------------------------------------------------
+pack() {  # arch
+  local arch=$1 root=$BUILD/$1-root cc=gcc lib=/usr/lib/x86_64-linux-gnu t g
+  [[ $arch == aarch64 ]] && { cc=aarch64-linux-gnu-gcc; lib=/usr/aarch64-linux-gnu/lib; }
+  rm -rf "$root"
+  mkdir -p "$root"/{lane,proc,sys,dev,tmp,bin,s,d/lib,g}
+  $cc -std=gnu11 -O2 -Wall -Wextra -Werror -static "-DTAG=\"$TAG: \"" \
+    -o "$root/init" "$REPO/scripts/lanes/aarch64/init.c" || die "building /init for $arch failed"
+  for t in seccomp_exec "${STATIC_SUITES[@]}" sections_switch_test; do
+    cp "$(find "$BUILD/$arch-static" -name "$t" -type f -perm -u+x | head -n1)" "$root/s/"
+  done
+  for t in "${DYNAMIC_TESTS[@]}" "${FOREIGN_TESTS[@]}"; do
+    cp "$(find "$BUILD/$arch-dynamic" -name "$t" -type f -perm -u+x | head -n1)" "$root/d/"
+  done
+  find "$BUILD/$arch-dynamic" -name 'librseq_registrant_*.so' -exec cp {} "$root/d/lib/" \;
+  cp -L "$lib/libstdc++.so.6" "$lib/libgcc_s.so.1" "$root/d/lib/"
+  for g in "${GLIBC_SUITES[@]}"; do
+    mkdir -p "$root/g/$g" && cp "${GLIBC[$arch-$g]}"/lib/* "$root/g/$g/"
+  done
+  { static_runs ""; } >"$root/lane/runs-static"
+  { static_runs ""; dynamic_runs "$arch" ""; } >"$root/lane/runs-full"
+  (cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0 | gzip -1) >"$BUILD/$arch.cpio.gz"
+}
+for arch in "${ARCHES[@]}"; do pack "$arch"; done
+
+# --- Runs ----------------------------------------------------------------
+LOGS=$BUILD/logs
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+contains() { local x=$1; shift; for y in "$@"; do [[ $x == "$y" ]] && return 0; done; return 1; }
+boot() {  # arch suite
+  local arch=$1 suite=$2 runs=runs-static extra="" log=$LOGS/$1-$2.log
+  contains "$suite" "${DYNAMIC_SUITES[@]}" && runs=runs-full
+  [[ $suite == "$DEBUG_SUITE" ]] && extra="rseq_debug=1"
+  local qemu=(qemu-system-x86_64 -accel tcg -cpu max -M pc) console=ttyS0
+  [[ $arch == aarch64 ]] && { qemu=(qemu-system-aarch64 -M virt -cpu max); console=ttyAMA0; }
+  local start=$(date +%s)
+  set +e
+  timeout --kill-after=10 1200 "${qemu[@]}" -smp 2 -m 1024 -display none -no-reboot -monitor none \
+    -serial stdio -kernel "${KERNEL[$arch-$suite]}" -initrd "$BUILD/$arch.cpio.gz" \
+    -append "console=$console panic=-1 loglevel=4 rdinit=/init $extra -- /lane/$runs" </dev/null 2>&1 |
+    tr -d '\r' >"$log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  echo "qemu_exit $rc" >>"$log"
+  say "$arch $suite ($(cat "$(dirname "${KERNEL[$arch-$suite]}")/package")): $(grep -m1 -E "^$TAG: [0-9]+ passed" "$log" | sed "s/^$TAG: //" || echo 'no summary') in $(($(date +%s) - start))s${extra:+ ($extra)}"
+}
+vm_start=$(date +%s)
+for arch in "${ARCHES[@]}"; do
+  for suite in "${SUITES[@]}"; do boot "$arch" "$suite"; done
+done
+vm_secs=$(($(date +%s) - vm_start))
+# This machine's kernel: the dynamic matrix and the static suites, x86-64 only.
+if contains x86_64 "${ARCHES[@]}"; then
+  root=$BUILD/x86_64-root
+  { static_runs "$root"; dynamic_runs x86_64 "$root"; } >"$BUILD/host-runs"
+  "$root/init" "$BUILD/host-runs" >"$LOGS/x86_64-host.log" 2>&1 || true
+  say "x86_64 host $(uname -r): $(grep -m1 -E "^$TAG: [0-9]+ passed" "$LOGS/x86_64-host.log" | sed "s/^$TAG: //" || echo 'no summary')"
+fi
+
+# --- Report and verdict --------------------------------------------------
+commit=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+dirty=$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null | head -c1)
+doc=$REPO/docs/compatibility.md
+[[ -n ${KERNELS_NO_DOC:-} ]] && doc=$BUILD/compatibility.md
+python3 "$REPO/scripts/lanes/vm/report.py" --tag "$TAG" --commit "$commit${dirty:+ (with local changes)}" \
+  --out "$doc" "$LOGS"/*.log
+status=$?
+say "wall time: lane $(($(date +%s) - lane_start))s (VMs ${vm_secs}s); table in ${doc#$REPO/}"
+exit $status

@@ -1,0 +1,151 @@
+// percpu beside another library that registered rseq first (registrant.c),
+// with glibc's registration off: percpu must find that library's area
+// through the convention it publishes, check it with the kernel, and share
+// it for reads (and for sections when the signature is percpu's), on the
+// threads that library registered only. Every other thread gets percpu's own
+// registration, and a thread whose registrant percpu cannot find falls back
+// alone. Built once per registrant kind (REGISTRANT_KIND).
+#include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/auxv.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "percpu/counter.hpp"
+#include "percpu/cpu.hpp"
+#include "percpu/internal/registration.hpp"
+#include "percpu/internal/rseq_cs.hpp"
+
+extern "C" {
+int test_registrant_register(void);
+void* test_registrant_area(void);
+unsigned test_registrant_length(void);
+int test_registrant_constructor_result(void);
+}
+
+namespace {
+
+using percpu::rseq_owner;
+
+const std::string kKind = REGISTRANT_KIND;
+// Whether percpu can find the registrant's area, and run sections on it.
+const bool kFindable = kKind != "hidden";
+const bool kSections = kKind == "librseq" || kKind == "abi";
+
+void require_registrant_first() {
+  const int result = test_registrant_constructor_result();
+  ASSERT_EQ(result, 0) << "the registrant could not register the main thread (errno "
+                       << result << "): glibc's rseq must be off (GLIBC_TUNABLES="
+                       << "glibc.pthread.rseq=0) and the kernel must have rseq";
+}
+
+int registrant_cpu_id() {
+  const auto* area = static_cast<const volatile std::int32_t*>(test_registrant_area());
+  return area[1];  // struct rseq's cpu_id
+}
+
+// Pins the calling thread to each allowed CPU in turn and checks that
+// cpu_id() follows, as the registrant's area does.
+void expect_follows_cpus() {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  int checked = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+    EXPECT_EQ(percpu::cpu_id(), cpu);
+    EXPECT_EQ(registrant_cpu_id(), cpu);
+    ++checked;
+  }
+  ASSERT_EQ(sched_setaffinity(0, sizeof(allowed), &allowed), 0);
+  EXPECT_GT(checked, 0);
+}
+
+TEST(ForeignRseq, SharesTheRegistrantsAreaOnItsThreads) {
+  require_registrant_first();
+  if (kFindable) {
+    EXPECT_EQ(percpu::rseq_ownership(), rseq_owner::other);
+    EXPECT_EQ(percpu::backend(), percpu::cpu_backend::rseq);
+    EXPECT_EQ(percpu::internal::rseq_registration_length(), test_registrant_length());
+    EXPECT_EQ(percpu::internal::rseq_registration_error(), 0);
+  } else {
+    EXPECT_EQ(percpu::rseq_ownership(), rseq_owner::none)
+        << "no convention finds this registrant: this thread falls back";
+    EXPECT_NE(percpu::backend(), percpu::cpu_backend::rseq);
+    EXPECT_EQ(percpu::internal::rseq_registration_error(), EINVAL);
+  }
+  expect_follows_cpus();
+}
+
+TEST(ForeignRseq, SectionsRunOnTheSharedAreaOnlyWithTheCommonSignature) {
+  require_registrant_first();
+  percpu::internal::rseq_area* area = percpu::internal::rseq_area_for_sections();
+  if (kSections && percpu::internal::rseq_sections_enabled()) {
+    EXPECT_EQ(static_cast<void*>(area), test_registrant_area());
+  } else {
+    EXPECT_EQ(area, nullptr) << "sections must not run on an area registered with another "
+                                "signature, nor without a registration";
+  }
+}
+
+TEST(ForeignRseq, OtherThreadsAreRegisteredByPercpu) {
+  require_registrant_first();
+  rseq_owner seen = rseq_owner::none;
+  percpu::cpu_backend backend = percpu::cpu_backend::syscall;
+  std::thread([&] {
+    seen = percpu::rseq_ownership();
+    backend = percpu::backend();
+  }).join();
+  EXPECT_EQ(seen, rseq_owner::percpu) << "a thread the registrant left alone is percpu's";
+  EXPECT_EQ(backend, percpu::cpu_backend::rseq);
+}
+
+TEST(ForeignRseq, ThreadsRegisteredByTheRegistrantShareToo) {
+  require_registrant_first();
+  rseq_owner seen = rseq_owner::percpu;
+  int registered = -1;
+  std::thread([&] {
+    registered = test_registrant_register();
+    if (registered == 0) {
+      seen = percpu::rseq_ownership();
+      expect_follows_cpus();
+    }
+  }).join();
+  ASSERT_EQ(registered, 0);
+  EXPECT_EQ(seen, kFindable ? rseq_owner::other : rseq_owner::none);
+}
+
+// Threads of both kinds (registrant's and percpu's) add to one counter while
+// the scheduler moves them: not one increment may be lost or doubled.
+TEST(ForeignRseq, CounterIsExactAcrossRegistrants) {
+  require_registrant_first();
+  percpu::counter total;
+  constexpr int kThreads = 4;
+  constexpr long kAdds = 20000;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      if (t % 2 == 0 && test_registrant_register() != 0) failures.fetch_add(1);
+      for (long i = 0; i < kAdds; ++i) {
+        total.add(1);
+        if (i % 1024 == 0) sched_yield();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(total.load(), kThreads * kAdds);
+}
+
+}  // namespace
