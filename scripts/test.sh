@@ -129,6 +129,9 @@ lane_valgrind() {
 }
 
 lane_rseq-off() {
+  # The same build as the default lane's (built there already when both run):
+  # only the environment differs.
+  B="$root/build/lanes/default"
   configure_and_build "$B" || return 1
   local seccomp="$B/tests/seccomp_exec" status=0
   echo "--- rseq-off: GLIBC_TUNABLES=glibc.pthread.rseq=0 (percpu registers its own areas)"
