@@ -2,6 +2,7 @@
 // the readers.
 
 #include "percpu/counter.hpp"
+#include "percpu/internal/fallback.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -44,6 +45,26 @@ std::int64_t read_rseq_word(const std::intptr_t* word) {
   if (value < 0) *out++ = '-';
   while (n > 0) *out++ = digits[--n];
   return out;
+}
+
+// rseq_area_for_sections(), except that a thread already known to have no
+// rseq (internal::section_user::no_rseq, which slot_lock.cpp sets and which
+// is set here too, once start-up is over) is answered without the call that
+// asks about its registration: that call was most of the cost of an add
+// without rseq.
+internal::rseq_area* area_unless_known_missing() noexcept {
+  using internal::section_user;
+  using internal::t_section_state;
+  internal::rseq_area* area = internal::serving_rseq_area();
+  const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
+  if (internal::within(id, internal::g_fast_path.cpu_limit)) return area;
+  if (t_section_state == section_user::no_rseq) return nullptr;
+  area = internal::registered_rseq_area();
+  if (area == nullptr && t_section_state == section_user::unmarked &&
+      internal::ensure_initialized()) {
+    t_section_state = section_user::no_rseq;
+  }
+  return area;
 }
 
 }  // namespace
@@ -92,7 +113,7 @@ void counter::add_slow(std::int64_t delta) noexcept {
     return;
   }
   const unsigned count = static_cast<unsigned>(block_of(s)->count);
-  if (internal::rseq_area* area = internal::rseq_area_for_sections()) {
+  if (internal::rseq_area* area = area_unless_known_missing()) {
     for (int tries = 0; tries < kRseqTries; ++tries) {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
       if (static_cast<unsigned>(cpu) >= count) break;
@@ -103,8 +124,10 @@ void counter::add_slow(std::int64_t delta) noexcept {
     }
   }
   // No rseq, or the sections kept aborting: any slot's atomic word is
-  // correct; the current CPU's keeps the line local.
-  const unsigned cpu = static_cast<unsigned>(cpu_id());
+  // correct; the current CPU's keeps the line local. internal::cpu_hint()
+  // asks the fallback unless that is a system call, which it makes only
+  // every so many adds.
+  const unsigned cpu = static_cast<unsigned>(internal::cpu_hint());
   s[cpu < count ? cpu : cpu % count].by_atomic.fetch_add(delta, std::memory_order_relaxed);
 }
 

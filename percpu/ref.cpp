@@ -17,6 +17,7 @@
 //   that fetch_add count_ holds the bias, so nobody else can see zero.
 
 #include "percpu/ref.hpp"
+#include "percpu/internal/fallback.hpp"
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -127,8 +128,9 @@ void ref::add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept
         }
       }
     }
-    // Any slot's atomic word is correct; the current CPU's keeps the line local.
-    const unsigned cpu = static_cast<unsigned>(cpu_id());
+    // Any slot's atomic word is correct; a recent CPU of this thread's keeps
+    // the line local (internal::cpu_hint(): no fallback query per call).
+    const unsigned cpu = static_cast<unsigned>(internal::cpu_hint());
     std::atomic<std::int64_t>& word = slots_[cpu < count ? cpu : cpu % count].by_atomic;
     std::int64_t seen = word.load(std::memory_order_relaxed);
     while (seen != kPoisoned) {
