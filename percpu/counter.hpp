@@ -35,7 +35,13 @@
 // Without rseq
 //   Threads that have no rseq area (old kernel, seccomp, valgrind, qemu-user,
 //   a forced fallback backend) add with an atomic fetch_add to a second word
-//   of the slot of the CPU the fallback reports. The rseq word of a slot is
+//   of the slot of the CPU the fallback reports. Where the fallback is the
+//   getcpu system call (arm64 without rseq: no RDPID, no vDSO getcpu), the
+//   CPU is asked only once every so many adds and the last answer used in
+//   between (internal::cpu_hint()), so no add makes a system call; slot()
+//   then shows adds on a CPU the thread ran on a moment before. A thread
+//   found to have no rseq is remembered as such, so its adds do not ask
+//   about its registration again. The rseq word of a slot is
 //   only ever written by rseq sections on that slot's CPU and the atomic
 //   word only by atomic read-modify-writes, so the two paths never lose each
 //   other's updates. A thread whose rseq section keeps aborting uses the

@@ -448,7 +448,13 @@ void unlock_thread_slot(thread_slot* slot) noexcept {
   release(&slot->locker);
 }
 
+namespace {
+// The process that forks, so the handler after fork knows it runs in a child.
+int g_forking_pid = 0;
+}  // namespace
+
 void revoke_thread_slots_for_fork(thread_slot* slots) noexcept {
+  __atomic_store_n(&g_forking_pid, getpid(), __ATOMIC_RELAXED);
   for (int i = 0; i < kThreadSlots; ++i) {
     wait_for(&slots[i].locker);
     __atomic_store_n(&slots[i].revoked, 1, __ATOMIC_SEQ_CST);
@@ -464,7 +470,14 @@ void revoke_thread_slots_for_fork(thread_slot* slots) noexcept {
 }
 
 void restore_thread_slots_after_fork(thread_slot* slots) noexcept {
+  // An owner that found its slot revoked stores busy = 1 and then 0 again;
+  // a fork between the two leaves busy set in the child, where that thread
+  // does not exist, and lockers there would find the slot busy for ever. The
+  // child has no other thread, so every busy but its own is stale.
+  const bool child = getpid() != __atomic_load_n(&g_forking_pid, __ATOMIC_RELAXED);
+  const int self = t_thread_index_plus_one - 1;
   for (int i = 0; i < kThreadSlots; ++i) {
+    if (child && i != self) __atomic_store_n(&slots[i].busy, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&slots[i].revoked, 0, __ATOMIC_RELEASE);
     release(&slots[i].locker);
   }
