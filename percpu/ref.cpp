@@ -223,20 +223,19 @@ void ref::kill() noexcept {
     }
     sum += s.by_atomic.exchange(kPoisoned, std::memory_order_acq_rel);
   }
-  for (int i = 0; thread_slots_ != nullptr && i < internal::kThreadSlots; ++i) {
-    internal::thread_slot* ts = &thread_slots_[i];
-    for (;;) {
-      const internal::lock_result r = internal::lock_thread_slot(ts);
-      if (r == internal::lock_result::acquired) break;
-      if (r == internal::lock_result::refused) {
-        die("percpu::ref::kill: cannot revoke the threads' words (membarrier failed)\n");
-      }
-      sched_yield();  // its owner is inside a get or put, which never waits
+  if (thread_slots_ != nullptr) {
+    // Every thread's word at once, with one barrier (see
+    // internal::revoke_all_thread_slots), then folded.
+    if (!internal::revoke_all_thread_slots(thread_slots_)) {
+      die("percpu::ref::kill: cannot revoke the threads' words (membarrier failed)\n");
     }
-    sum += __atomic_load_n(&ts->head, __ATOMIC_RELAXED);
-    __atomic_store_n(&ts->head, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&ts->aux, 1, __ATOMIC_RELAXED);  // from now on its owner uses count_
-    internal::unlock_thread_slot(ts);
+    for (int i = 0; i < internal::kThreadSlots; ++i) {
+      internal::thread_slot* ts = &thread_slots_[i];
+      sum += __atomic_load_n(&ts->head, __ATOMIC_RELAXED);
+      __atomic_store_n(&ts->head, 0, __ATOMIC_RELAXED);
+      __atomic_store_n(&ts->aux, 1, __ATOMIC_RELAXED);  // from now on its owner uses count_
+    }
+    internal::restore_all_thread_slots(thread_slots_);
   }
 #if !defined(__x86_64__)
   // A put's earlier loads must not be satisfied after the release function

@@ -448,6 +448,25 @@ void unlock_thread_slot(thread_slot* slot) noexcept {
   release(&slot->locker);
 }
 
+bool revoke_all_thread_slots(thread_slot* slots) noexcept {
+  for (int i = 0; i < kThreadSlots; ++i) {
+    wait_for(&slots[i].locker);
+    __atomic_store_n(&slots[i].revoked, 1, __ATOMIC_SEQ_CST);
+  }
+  if (!barrier_all()) {
+    restore_all_thread_slots(slots);
+    return false;
+  }
+  for (int i = 0; i < kThreadSlots; ++i) {
+    while (__atomic_load_n(&slots[i].busy, __ATOMIC_ACQUIRE) != 0) sched_yield();
+  }
+  return true;
+}
+
+void restore_all_thread_slots(thread_slot* slots) noexcept {
+  for (int i = 0; i < kThreadSlots; ++i) unlock_thread_slot(&slots[i]);
+}
+
 namespace {
 // The process that forks, so the handler after fork knows it runs in a child.
 int g_forking_pid = 0;

@@ -296,6 +296,15 @@ inline void thread_slot_leave(thread_slot* slot) noexcept {
 
 lock_result lock_thread_slot(thread_slot* slot) noexcept;
 void unlock_thread_slot(thread_slot* slot) noexcept;
+// Locks every slot of `slots` with one barrier instead of one each: takes
+// every locker flag, revokes all, fences once, then waits until no owner is
+// inside (owners never wait, rule R2). Only for callers outside signal
+// handlers whose slots' lockers nobody else takes meanwhile (ref::kill,
+// under its kill_busy_, which its fork handler takes too), so taking the
+// flags never actually waits while holding one (rule R1). False, with
+// nothing held, when the barrier fails.
+bool revoke_all_thread_slots(thread_slot* slots) noexcept;
+void restore_all_thread_slots(thread_slot* slots) noexcept;
 // Fork handler helpers (R3): revoke every slot of `slots` and wait until no
 // owner but the calling thread is inside; then undo.
 void revoke_thread_slots_for_fork(thread_slot* slots) noexcept;
