@@ -184,12 +184,18 @@ rseq_area* section_area_slow() noexcept;
 inline rseq_area* section_area() noexcept {
   rseq_area* area = serving_rseq_area();
   const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
-  const int state = load_tp_relative_i32(g_fast_path.section_state);
   if (__builtin_expect(within(id, g_fast_path.cpu_limit), 1)) {
-    if (__builtin_expect(state == static_cast<int>(section_user::marked), 1)) return area;
+    if (__builtin_expect(load_tp_relative_i32(g_fast_path.section_state) ==
+                             static_cast<int>(section_user::marked),
+                         1)) {
+      return area;
+    }
     return mark_section_user() == section_user::marked ? area : nullptr;
   }
-  if (state == static_cast<int>(section_user::no_rseq)) return nullptr;
+  if (load_tp_relative_i32(g_fast_path.section_state) ==
+      static_cast<int>(section_user::no_rseq)) {
+    return nullptr;
+  }
   return section_area_slow();
 }
 
