@@ -2,6 +2,7 @@
 // the readers.
 
 #include "percpu/counter.hpp"
+#include "percpu/internal/fallback.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -46,23 +47,42 @@ std::int64_t read_rseq_word(const std::intptr_t* word) {
   return out;
 }
 
-}  // namespace
+// rseq_area_for_sections(), except that a thread already known to have no
+// rseq (internal::section_user::no_rseq, which slot_lock.cpp sets and which
+// is set here too, once start-up is over) is answered without the call that
+// asks about its registration: that call was most of the cost of an add
+// without rseq.
+internal::rseq_area* area_unless_known_missing() noexcept {
+  using internal::section_user;
+  using internal::t_section_state;
+  internal::rseq_area* area = internal::serving_rseq_area();
+  const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
+  if (internal::within(id, internal::g_fast_path.cpu_limit)) return area;
+  if (t_section_state == section_user::no_rseq) return nullptr;
+  area = internal::registered_rseq_area();
+  if (area == nullptr && t_section_state == section_user::unmarked &&
+      internal::ensure_initialized()) {
+    t_section_state = section_user::no_rseq;
+  }
+  return area;
+}
 
-counter::block counter::unmapped_block_ = {0};
+}  // namespace
 
 // Leaves the counter as a constant-initialised one would be, so a use after
 // destruction (a static destructor of another translation unit that still
 // counts) reads zero and maps fresh slots instead of touching the unmapped
 // block.
 counter::~counter() {
-  block* b = block_.exchange(&unmapped_block_, std::memory_order_acq_rel);
+  slot_words* s = slots_.exchange(nullptr, std::memory_order_acq_rel);
   unmapped_.store(0, std::memory_order_relaxed);
-  if (b != &unmapped_block_) munmap(b, block_bytes(b->count));
+  if (s != nullptr) munmap(const_cast<block*>(block_of(s)), block_bytes(block_of(s)->count));
 }
 
 // mmap rather than new: async-signal-safe, and zero-filled. Racing first
-// adds each map a block; one installs it, the others unmap theirs.
-counter::block* counter::allocate() noexcept {
+// adds each map a block; one installs it, the others unmap theirs. The block
+// has exactly max_cpus() slots: the hot path relies on that bound.
+counter::slot_words* counter::allocate() noexcept {
   const int count = max_cpus();
   const int saved_errno = errno;
   void* memory = mmap(nullptr, block_bytes(count), PROT_READ | PROT_WRITE,
@@ -71,10 +91,10 @@ counter::block* counter::allocate() noexcept {
   if (memory == MAP_FAILED) return nullptr;
   block* fresh = static_cast<block*>(memory);
   fresh->count = count;
-  block* expected = &unmapped_block_;
-  if (block_.compare_exchange_strong(expected, fresh, std::memory_order_acq_rel,
+  slot_words* expected = nullptr;
+  if (slots_.compare_exchange_strong(expected, fresh->slots(), std::memory_order_acq_rel,
                                      std::memory_order_acquire)) {
-    return fresh;
+    return fresh->slots();
   }
   munmap(memory, block_bytes(count));
   return expected;
@@ -82,39 +102,41 @@ counter::block* counter::allocate() noexcept {
 
 void counter::add_slow(std::int64_t delta) noexcept {
   using internal::index_kind;
-  block* b = block_.load(std::memory_order_acquire);
+  slot_words* s = slots_.load(std::memory_order_acquire);
   // A mapped block lets add()'s inline path arm a section through
   // g_fast_path.area, so no block is mapped before start-up has aimed it;
   // the only add that can find start-up still running (in another thread,
   // or in the code this signal handler interrupted) counts on the side.
-  if (b == &unmapped_block_ && !internal::ensure_initialized()) b = nullptr;
-  else if (b == &unmapped_block_) b = allocate();
-  if (b == nullptr) {
+  if (s == nullptr && internal::ensure_initialized()) s = allocate();
+  if (s == nullptr) {
     unmapped_.fetch_add(delta, std::memory_order_relaxed);
     return;
   }
-  const unsigned count = static_cast<unsigned>(b->count);
-  if (internal::rseq_area* area = internal::rseq_area_for_sections()) {
+  const unsigned count = static_cast<unsigned>(block_of(s)->count);
+  if (internal::rseq_area* area = area_unless_known_missing()) {
     for (int tries = 0; tries < kRseqTries; ++tries) {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
       if (static_cast<unsigned>(cpu) >= count) break;
-      if (internal::rseq_addv<index_kind::cpu_id>(area, &b->slots()[cpu].by_rseq,
+      if (internal::rseq_addv<index_kind::cpu_id>(area, &s[cpu].by_rseq,
                                                   static_cast<std::intptr_t>(delta), cpu) == 0) {
         return;
       }
     }
   }
   // No rseq, or the sections kept aborting: any slot's atomic word is
-  // correct; the current CPU's keeps the line local.
-  const unsigned cpu = static_cast<unsigned>(cpu_id());
-  b->slots()[cpu < count ? cpu : cpu % count].by_atomic.fetch_add(delta, std::memory_order_relaxed);
+  // correct; the current CPU's keeps the line local. internal::cpu_hint()
+  // asks the fallback unless that is a system call, which it makes only
+  // every so many adds.
+  const unsigned cpu = static_cast<unsigned>(internal::cpu_hint());
+  s[cpu < count ? cpu : cpu % count].by_atomic.fetch_add(delta, std::memory_order_relaxed);
 }
 
 std::int64_t counter::load() const noexcept {
   std::int64_t sum = unmapped_.load(std::memory_order_relaxed);
-  const block* b = block_.load(std::memory_order_acquire);
-  for (int i = 0; i < b->count; ++i) {
-    const slot_words& s = b->slots()[i];
+  const slot_words* slots = slots_.load(std::memory_order_acquire);
+  const int count = slots != nullptr ? block_of(slots)->count : 0;
+  for (int i = 0; i < count; ++i) {
+    const slot_words& s = slots[i];
     sum += read_rseq_word(&s.by_rseq) + s.by_atomic.load(std::memory_order_relaxed);
   }
   return sum;
@@ -138,15 +160,15 @@ std::int64_t counter::slot(int cpu) const noexcept {
     return 0;
 #endif
   }
-  const block* b = block_.load(std::memory_order_acquire);
-  if (cpu >= b->count) return 0;  // not mapped yet
-  const slot_words& s = b->slots()[cpu];
+  const slot_words* slots = slots_.load(std::memory_order_acquire);
+  if (slots == nullptr) return 0;  // not mapped yet
+  const slot_words& s = slots[cpu];
   return read_rseq_word(&s.by_rseq) + s.by_atomic.load(std::memory_order_relaxed);
 }
 
 int counter::slots() const noexcept {
-  const block* b = block_.load(std::memory_order_acquire);
-  return b != &unmapped_block_ ? b->count : max_cpus();
+  const slot_words* slots = slots_.load(std::memory_order_acquire);
+  return slots != nullptr ? block_of(slots)->count : max_cpus();
 }
 
 }  // namespace percpu

@@ -35,7 +35,13 @@
 // Without rseq
 //   Threads that have no rseq area (old kernel, seccomp, valgrind, qemu-user,
 //   a forced fallback backend) add with an atomic fetch_add to a second word
-//   of the slot of the CPU the fallback reports. The rseq word of a slot is
+//   of the slot of the CPU the fallback reports. Where the fallback is the
+//   getcpu system call (arm64 without rseq: no RDPID, no vDSO getcpu), the
+//   CPU is asked only once every so many adds and the last answer used in
+//   between (internal::cpu_hint()), so no add makes a system call; slot()
+//   then shows adds on a CPU the thread ran on a moment before. A thread
+//   found to have no rseq is remembered as such, so its adds do not ask
+//   about its registration again. The rseq word of a slot is
 //   only ever written by rseq sections on that slot's CPU and the atomic
 //   word only by atomic read-modify-writes, so the two paths never lose each
 //   other's updates. A thread whose rseq section keeps aborting uses the
@@ -70,7 +76,7 @@ namespace percpu {
 
 class counter {
  public:
-  constexpr counter() noexcept : block_(&unmapped_block_) {}
+  constexpr counter() noexcept = default;
   ~counter();
   counter(const counter&) = delete;
   counter& operator=(const counter&) = delete;
@@ -108,35 +114,49 @@ class counter {
     }
   };
   static_assert(sizeof(slot_words) == 64 && sizeof(block) == 64, "one cache line each");
+  static const block* block_of(const slot_words* slots) noexcept {
+    return reinterpret_cast<const block*>(slots) - 1;
+  }
 
-  block* allocate() noexcept;
+  slot_words* allocate() noexcept;
   void add_slow(std::int64_t delta) noexcept;
 
-  // Until the first add() maps the slots, block_ points here: no slots, so
-  // the hot path's bounds check sends that add to add_slow(), and the hot
-  // path never tests for a null block.
-  static block unmapped_block_;
-
-  std::atomic<block*> block_;
+  // The first slot of the mapped block, or nullptr until the first add()
+  // maps it. The block always has max_cpus() slots, so the hot path bounds
+  // the CPU with the process-wide g_fast_path.cpu_limit (max_cpus(), and 0
+  // before start-up) instead of loading a count through this pointer: the
+  // pointer and the bound are independent loads. No block is mapped before
+  // start-up has aimed the fast path (see add_slow), so a non-null pointer
+  // also means that the area offset is final.
+  std::atomic<slot_words*> slots_{nullptr};
   // Adds made when no block could be mapped.
   std::atomic<std::int64_t> unmapped_{0};
 };
 
 // The hot path: one section indexed by cpu_id that commits with a single add
-// to the slot's rseq word. The unsigned bounds check also rejects a negative
-// cpu_id, which is what an unregistered area holds: such a thread (no rseq,
-// or not registered yet) goes to add_slow(), as does the first add().
+// to the slot's rseq word. The unsigned compare with the process-wide bound
+// also rejects a negative cpu_id, which is what an unregistered area holds,
+// and everything before start-up (the bound is 0 then): such a thread goes to
+// add_slow(), as does the first add(). The fall-through is the section, so
+// the common case runs straight down with no taken branch.
+//
+// slots_ is loaded relaxed: the hot path reads nothing the mapping thread
+// wrote (the slots are zero-filled by mmap, and `count` is not read here),
+// and the slot address depends on the loaded pointer.
 inline void counter::add(std::int64_t delta) noexcept {
   using internal::index_kind;
-  block* b = block_.load(std::memory_order_acquire);
+  slot_words* s = slots_.load(std::memory_order_relaxed);
   internal::rseq_area* area = internal::serving_rseq_area();
   const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-  if (__builtin_expect(static_cast<unsigned>(cpu) < static_cast<unsigned>(b->count), 1) &&
-      __builtin_expect(internal::rseq_addv<index_kind::cpu_id>(area, &b->slots()[cpu].by_rseq,
-                                                               static_cast<std::intptr_t>(delta),
-                                                               cpu) == 0,
-                       1)) {
-    return;
+  if (__builtin_expect(internal::within(cpu, internal::g_fast_path.cpu_limit), 1) &&
+      __builtin_expect(s != nullptr, 1)) {
+    // Unsigned: the index is below cpu_limit, so the zero extension is free.
+    std::intptr_t* word = &s[static_cast<unsigned>(cpu)].by_rseq;
+    if (__builtin_expect(internal::rseq_addv<index_kind::cpu_id>(
+                             area, word, static_cast<std::intptr_t>(delta), cpu) == 0,
+                         1)) {
+      return;
+    }
   }
   add_slow(delta);
 }

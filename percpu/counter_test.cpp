@@ -64,7 +64,22 @@ TEST(CounterTest, AddsLandInTheCurrentCpusSlot) {
     ASSERT_TRUE(stress::restrict_to({cpu}));
     c.add(5);
     c.add(7);
-    EXPECT_EQ(c.slot(cpu), 12) << "on CPU " << cpu;
+    if (backend() == cpu_backend::syscall) {
+      // The system-call fallback is asked only every so many adds (no
+      // system call per add), so an add may land on a CPU this thread left
+      // a moment ago; each lands whole in one slot.
+      int slots_used = 0;
+      std::int64_t sum = 0;
+      for (int i = 0; i < c.slots(); ++i) {
+        slots_used += c.slot(i) != 0;
+        sum += c.slot(i);
+      }
+      EXPECT_GE(slots_used, 1);
+      EXPECT_LE(slots_used, 2);
+      EXPECT_EQ(sum, 12);
+    } else {
+      EXPECT_EQ(c.slot(cpu), 12) << "on CPU " << cpu;
+    }
     EXPECT_EQ(c.load(), 12);
   }
   stress::restrict_to(saved);

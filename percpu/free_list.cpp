@@ -3,7 +3,9 @@
 // percpu/internal/slot_lock.hpp.
 
 #include "percpu/free_list.hpp"
+#include "percpu/internal/fallback.hpp"
 
+#include <cstdint>
 #include <new>
 
 #include "percpu/cpu.hpp"
@@ -35,6 +37,17 @@ free_list::free_list() : slot_count_(max_cpus()) {
     slots_[i].head = end();
     slots_[i].locker = 0;
   }
+  thread_slots_ = nullptr;
+  if (internal::thread_slots_usable()) {
+    thread_slots_ = new internal::thread_slot[internal::kThreadSlots];
+    for (int i = 0; i < internal::kThreadSlots; ++i) {
+      thread_slots_[i].head = end();
+      thread_slots_[i].aux = 0;
+      thread_slots_[i].busy = 0;
+      thread_slots_[i].revoked = 0;
+      thread_slots_[i].locker = 0;
+    }
+  }
   register_for_fork();
   // Cheap now if the program has not started threads yet; see slot_lock.hpp.
   (void)internal::prepare_remote_fences();
@@ -42,6 +55,7 @@ free_list::free_list() : slot_count_(max_cpus()) {
 
 free_list::~free_list() {
   unregister_for_fork();
+  delete[] thread_slots_;
   delete[] slots_;
 }
 
@@ -51,9 +65,11 @@ free_list::~free_list() {
 void free_list::before_fork() noexcept {
   for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);
   internal::wait_for_consumer(&overflow_);
+  if (thread_slots_ != nullptr) internal::revoke_thread_slots_for_fork(thread_slots_);
 }
 
 void free_list::after_fork() noexcept {
+  if (thread_slots_ != nullptr) internal::restore_thread_slots_after_fork(thread_slots_);
   internal::release_consumer(&overflow_);
   for (int i = 0; i < slot_count_; ++i) internal::release_locker(&slots_[i]);
 }
@@ -62,10 +78,29 @@ void free_list::to_overflow(free_list_node* first, free_list_node* last) noexcep
   internal::side_push(&overflow_, as_side(first), as_side(last));
 }
 
-void free_list::push_slow(free_list_node* node) noexcept {
-  if (internal::section_area() == nullptr) {
+// The calling thread's own list, for a thread without rseq; nullptr when it
+// has none (see internal::thread_index()).
+internal::thread_slot* free_list::own_thread_slot() noexcept {
+  if (thread_slots_ == nullptr) return nullptr;
+  // The test seam that sends a thread to the locked per-CPU path keeps it
+  // there, so the mixed stress tests still exercise that protocol.
+  if (internal::t_section_state == internal::section_user::forced_locked) return nullptr;
+  const int index = internal::thread_index();
+  return index >= 0 ? &thread_slots_[index] : nullptr;
+}
+
+void free_list::push_slow(free_list_node* node, bool has_sections) noexcept {
+  if (!has_sections) {
+    if (internal::thread_slot* own = own_thread_slot()) {
+      if (internal::thread_slot_enter(own)) {
+        node->next = reinterpret_cast<free_list_node*>(__atomic_load_n(&own->head, __ATOMIC_RELAXED));
+        __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(node), __ATOMIC_RELAXED);
+        internal::thread_slot_leave(own);
+        return;
+      }
+    }
     // A thread without rseq: lock the slot of the CPU the fallback reports.
-    const int cpu = cpu_id() % slot_count_;
+    const int cpu = internal::cpu_hint() % slot_count_;
     for (int tries = 0; tries < kLockTries; ++tries) {
       std::intptr_t head = 0;
       const internal::lock_result r = internal::lock_slot(&slots_[cpu], cpu, &head);
@@ -108,13 +143,44 @@ free_list_node* free_list::pop_locked(int cpu, int batch, free_list_node** rest_
   return first;
 }
 
+// Like pop_locked, for thread slot `index` (revoking it: one membarrier).
+free_list_node* free_list::pop_thread_slot(int index, int batch,
+                                           free_list_node** rest_last) noexcept {
+  internal::thread_slot* ts = &thread_slots_[index];
+  if (internal::lock_thread_slot(ts) != internal::lock_result::acquired) return nullptr;
+  const std::intptr_t head = __atomic_load_n(&ts->head, __ATOMIC_RELAXED);
+  if (head == end()) {
+    internal::unlock_thread_slot(ts);
+    return nullptr;
+  }
+  free_list_node* first = reinterpret_cast<free_list_node*>(head);
+  free_list_node* last = first;
+  for (int taken = 1; taken < batch && reinterpret_cast<std::intptr_t>(last->next) != end();
+       ++taken) {
+    last = last->next;
+  }
+  __atomic_store_n(&ts->head, reinterpret_cast<std::intptr_t>(last->next), __ATOMIC_RELAXED);
+  last->next = nullptr;
+  internal::unlock_thread_slot(ts);
+  *rest_last = last;
+  return first;
+}
+
 // Puts first..last on the calling CPU's list (one section for the whole
 // chain), or on the overflow stack when that is not possible now.
 void free_list::push_chain_home(free_list_node* first, free_list_node* last) noexcept {
   if (internal::rseq_area* area = internal::section_area()) {
     if (internal::push_local_chain(area, slots_, slot_count_, first, last)) return;
   } else {
-    const int cpu = cpu_id() % slot_count_;
+    if (internal::thread_slot* own = own_thread_slot()) {
+      if (internal::thread_slot_enter(own)) {
+        last->next = reinterpret_cast<free_list_node*>(__atomic_load_n(&own->head, __ATOMIC_RELAXED));
+        __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(first), __ATOMIC_RELAXED);
+        internal::thread_slot_leave(own);
+        return;
+      }
+    }
+    const int cpu = internal::cpu_hint() % slot_count_;
     std::intptr_t head = 0;
     if (internal::lock_slot(&slots_[cpu], cpu, &head) == internal::lock_result::acquired) {
       last->next = reinterpret_cast<free_list_node*>(head);
@@ -126,11 +192,23 @@ void free_list::push_chain_home(free_list_node* first, free_list_node* last) noe
   to_overflow(first, last);
 }
 
-free_list_node* free_list::pop_slow(bool local_only) noexcept {
-  const bool has_sections = internal::section_area() != nullptr;
-  const int home = cpu_id() % slot_count_;
+free_list_node* free_list::pop_slow(bool local_only, bool has_sections) noexcept {
+  const int home = (has_sections ? cpu_id() : internal::cpu_hint()) % slot_count_;
   if (!has_sections) {
-    // Threads without rseq pop their fallback CPU's list under the lock.
+    if (internal::thread_slot* own = own_thread_slot()) {
+      if (internal::thread_slot_enter(own)) {
+        const std::intptr_t head = __atomic_load_n(&own->head, __ATOMIC_RELAXED);
+        if (head != end()) {
+          free_list_node* node = reinterpret_cast<free_list_node*>(head);
+          __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(node->next),
+                           __ATOMIC_RELAXED);
+          internal::thread_slot_leave(own);
+          return node;
+        }
+        internal::thread_slot_leave(own);
+      }
+    }
+    // Then the list of a CPU this thread ran on recently, under the lock.
     for (int tries = 0; tries < kLockTries; ++tries) {
       free_list_node* last = nullptr;
       if (free_list_node* node = pop_locked(home, 1, &last)) return node;
@@ -153,6 +231,20 @@ free_list_node* free_list::pop_slow(bool local_only) noexcept {
     if (first != last) push_chain_home(first->next, last);
     first->next = nullptr;
     return first;
+  }
+  // Then other threads' own lists (each steal costs a membarrier).
+  if (thread_slots_ != nullptr) {
+    const int self = has_sections ? -1 : internal::thread_index();
+    for (int i = 0; i < internal::kThreadSlots; ++i) {
+      if (i == self) continue;
+      if (__atomic_load_n(&thread_slots_[i].head, __ATOMIC_RELAXED) == end()) continue;
+      free_list_node* last = nullptr;
+      free_list_node* first = pop_thread_slot(i, kStealBatch, &last);
+      if (first == nullptr) continue;
+      if (first != last) push_chain_home(first->next, last);
+      first->next = nullptr;
+      return first;
+    }
   }
   // A last look at the overflow stack: a concurrent consumer may have been
   // holding it a moment ago.
@@ -187,6 +279,19 @@ free_list_node* free_list::take_all() noexcept {
         append(chain);
       }
       break;
+    }
+  }
+  for (int i = 0; thread_slots_ != nullptr && i < internal::kThreadSlots; ++i) {
+    if (__atomic_load_n(&thread_slots_[i].head, __ATOMIC_RELAXED) == end()) continue;
+    for (int tries = 0; tries < kLockTries; ++tries) {
+      free_list_node* rest_last = nullptr;
+      // A batch as large as the list: everything.
+      free_list_node* chain = pop_thread_slot(i, INT32_MAX, &rest_last);
+      if (chain != nullptr) {
+        append(chain);
+        break;
+      }
+      if (__atomic_load_n(&thread_slots_[i].head, __ATOMIC_RELAXED) == end()) break;
     }
   }
   append(as_node(internal::side_take_all(&overflow_)));

@@ -24,13 +24,22 @@
 //   never waits for them.
 //
 // Without rseq
-//   Threads without rseq (seccomp, valgrind, qemu-user, a forced fallback)
-//   lock the slot of the CPU the fallback reports, with atomics. While no
-//   thread of the process has run a section this costs no system call; once
-//   one has, each such operation also issues a membarrier fence. If sections
-//   may run and membarrier's RSEQ fence is missing, other CPUs' lists are
-//   never touched by non-owners: steals are refused and non-owner pushes go to
-//   the overflow stack. No operation ever spins on a lock another thread holds.
+//   A thread without rseq (seccomp, valgrind, qemu-user, a forced fallback)
+//   keeps a list of its own in each free_list, a thread slot
+//   (percpu/internal/slot_lock.hpp): push and pop there are plain loads and
+//   stores between a "busy" store and a check that no other thread has
+//   revoked the slot, with no atomic instruction and no system call. Other
+//   threads reach those nodes by stealing, which revokes the slot with one
+//   membarrier system call per batch. Where the membarrier command is
+//   missing, or beyond the thread slots' number of live threads, such a
+//   thread locks the slot of a CPU it ran on recently, with atomics; a
+//   membarrier fence is then added per operation only once some thread of
+//   the process has run a section. If sections may run and membarrier's
+//   RSEQ fence is missing, other CPUs' lists are never touched by non-owners:
+//   steals are refused and non-owner pushes go to the overflow stack. No
+//   operation ever spins on a lock another thread holds, and none makes a
+//   system call in the common case: the CPU to try first is a per-thread
+//   hint (internal::cpu_hint()), not a getcpu per operation.
 //
 // Thread safety and signals
 //   push, pop and try_pop_local are thread-safe and async-signal-safe (a
@@ -86,9 +95,13 @@ class free_list final : private internal::fork_participant {
   static constexpr int kStealBatch = 16;
 
   std::intptr_t end() const noexcept { return reinterpret_cast<std::intptr_t>(&end_); }
-  void push_slow(free_list_node* node) noexcept;
-  free_list_node* pop_slow(bool local_only) noexcept;
+  // has_sections: what the inline path's section_area() answered, so the
+  // slow path of a thread without rseq does not ask again.
+  void push_slow(free_list_node* node, bool has_sections) noexcept;
+  free_list_node* pop_slow(bool local_only, bool has_sections) noexcept;
   free_list_node* pop_locked(int cpu, int batch, free_list_node** rest_last) noexcept;
+  free_list_node* pop_thread_slot(int index, int batch, free_list_node** rest_last) noexcept;
+  internal::thread_slot* own_thread_slot() noexcept;
   void push_chain_home(free_list_node* first, free_list_node* last) noexcept;
   void to_overflow(free_list_node* first, free_list_node* last) noexcept;
   void before_fork() noexcept override;
@@ -96,6 +109,9 @@ class free_list final : private internal::fork_participant {
 
   slot* slots_;
   int slot_count_;
+  // kThreadSlots lists for threads without rseq, or nullptr where thread
+  // slots are not usable (see internal::thread_slots_usable()).
+  internal::thread_slot* thread_slots_;
   // The list terminator: every list ends here, and its next points at
   // itself, so popping an empty list stores the same head back. nullptr
   // cannot be the terminator because the locked marker must be the one value
@@ -110,7 +126,7 @@ inline void free_list::push(free_list_node* node) noexcept {
       __builtin_expect(internal::push_local_chain(area, slots_, slot_count_, node, node), 1)) {
     return;
   }
-  push_slow(node);
+  push_slow(node, area != nullptr);
 }
 
 inline free_list_node* free_list::try_pop_local() noexcept {
@@ -122,7 +138,7 @@ inline free_list_node* free_list::try_pop_local() noexcept {
                        1)) {
     return popped != end() ? reinterpret_cast<free_list_node*>(popped) : nullptr;
   }
-  return pop_slow(true);
+  return pop_slow(true, area != nullptr);
 }
 
 inline free_list_node* free_list::pop() noexcept {
@@ -135,7 +151,7 @@ inline free_list_node* free_list::pop() noexcept {
       __builtin_expect(popped != end(), 1)) {
     return reinterpret_cast<free_list_node*>(popped);
   }
-  return pop_slow(false);  // empty here, or this CPU's list is unavailable
+  return pop_slow(false, area != nullptr);  // empty here, or this CPU's list is unavailable
 }
 
 }  // namespace percpu

@@ -3,6 +3,7 @@
 // percpu/internal/slot_lock.hpp and percpu/internal/rseq_list.hpp.
 
 #include "percpu/object_pool.hpp"
+#include "percpu/internal/fallback.hpp"
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -118,6 +119,17 @@ object_pool::object_pool(const options& opts) {
     slots_[i].head = end();
     slots_[i].locker = 0;
   }
+  thread_slots_ = nullptr;
+  if (internal::thread_slots_usable()) {
+    thread_slots_ = new internal::thread_slot[internal::kThreadSlots];
+    for (int i = 0; i < internal::kThreadSlots; ++i) {
+      thread_slots_[i].head = end();
+      thread_slots_[i].aux = 0;
+      thread_slots_[i].busy = 0;
+      thread_slots_[i].revoked = 0;
+      thread_slots_[i].locker = 0;
+    }
+  }
   register_for_fork();
   // Cheap now if the program has not started threads yet; see slot_lock.hpp.
   (void)internal::prepare_remote_fences();
@@ -130,6 +142,7 @@ object_pool::~object_pool() {
     munmap(c, kChunkBytes);
     c = next;
   }
+  delete[] thread_slots_;
   delete[] slots_;
 }
 
@@ -140,11 +153,13 @@ object_pool::~object_pool() {
 void object_pool::before_fork() noexcept {
   for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);
   internal::wait_for_consumer(&overflow_);
+  if (thread_slots_ != nullptr) internal::revoke_thread_slots_for_fork(thread_slots_);
   internal::wait_for_flag(&depot_flag_);
 }
 
 void object_pool::after_fork() noexcept {
   internal::release_flag(&depot_flag_);
+  if (thread_slots_ != nullptr) internal::restore_thread_slots_after_fork(thread_slots_);
   internal::release_consumer(&overflow_);
   for (int i = 0; i < slot_count_; ++i) internal::release_locker(&slots_[i]);
 }
@@ -263,7 +278,75 @@ std::size_t object_pool::cached_on(int cpu) const noexcept {
   return static_cast<std::size_t>(depth_of(head));
 }
 
+std::size_t object_pool::cached_by_threads() const noexcept {
+  std::size_t sum = 0;
+  for (int i = 0; thread_slots_ != nullptr && i < internal::kThreadSlots; ++i) {
+    const std::intptr_t head = __atomic_load_n(&thread_slots_[i].head, __ATOMIC_RELAXED);
+    if (head != end()) sum += static_cast<std::size_t>(depth_of(head));
+  }
+  return sum;
+}
+
 // ---- caches ----------------------------------------------------------------
+
+// The calling thread's own cache, for a thread without rseq; nullptr when it
+// has none (see internal::thread_index()).
+__attribute__((always_inline)) inline internal::thread_slot* object_pool::own_thread_slot() noexcept {
+  if (thread_slots_ == nullptr) return nullptr;
+  // The test seam that sends a thread to the locked per-CPU path keeps it
+  // there, so the mixed stress tests still exercise that protocol.
+  if (internal::t_section_state == internal::section_user::forced_locked) return nullptr;
+  const int index = internal::thread_index();
+  return index >= 0 ? &thread_slots_[index] : nullptr;
+}
+
+// Owner operations on the thread's own cache: the same list format as a
+// CPU's cache (depths counted from the bottom, ending at end_). Each returns
+// nothing done (nullptr / false) when the cache is empty or full, or when it
+// cannot be entered (revoked, or this is a handler nested in an owner step).
+__attribute__((always_inline)) inline object_pool::node* object_pool::pop_own(
+    internal::thread_slot* own) noexcept {
+  if (!internal::thread_slot_enter(own)) return nullptr;
+  const std::intptr_t head = __atomic_load_n(&own->head, __ATOMIC_RELAXED);
+  node* n = nullptr;
+  if (head != end()) {
+    n = reinterpret_cast<node*>(head);
+    __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(n->next), __ATOMIC_RELAXED);
+  }
+  internal::thread_slot_leave(own);
+  return n;
+}
+
+__attribute__((always_inline)) inline bool object_pool::push_own(internal::thread_slot* own,
+                                                                 node* n) noexcept {
+  if (!internal::thread_slot_enter(own)) return false;
+  const std::intptr_t head = __atomic_load_n(&own->head, __ATOMIC_RELAXED);
+  const std::intptr_t depth = depth_of(head);
+  const bool fits = depth < capacity_;
+  if (fits) {
+    n->next = reinterpret_cast<node*>(head);
+    n->depth = depth + 1;
+    __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(n), __ATOMIC_RELAXED);
+  }
+  internal::thread_slot_leave(own);
+  return fits;
+}
+
+bool object_pool::push_chain_own(internal::thread_slot* own, node* first, node* last,
+                                 std::intptr_t count) noexcept {
+  if (!internal::thread_slot_enter(own)) return false;
+  const std::intptr_t head = __atomic_load_n(&own->head, __ATOMIC_RELAXED);
+  const std::intptr_t below = depth_of(head);
+  const bool fits = below + count <= capacity_;
+  if (fits) {
+    std::intptr_t depth = below + count;
+    for (node* x = first; depth > below; x = x->next) x->depth = depth--;
+    last->next = reinterpret_cast<node*>(head);
+    __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(first), __ATOMIC_RELAXED);
+  }
+  internal::thread_slot_leave(own);
+  return fits;
+}
 
 // Puts first..last (count objects) on the calling CPU's cache in one step, if
 // they fit. False: nothing was put there.
@@ -294,7 +377,10 @@ bool object_pool::push_chain_home(node* first, node* last, std::intptr_t count) 
     last->next = nullptr;
     return false;
   }
-  const int cpu = cpu_id() % slot_count_;
+  if (internal::thread_slot* own = own_thread_slot()) {
+    if (push_chain_own(own, first, last, count)) return true;
+  }
+  const int cpu = internal::cpu_hint() % slot_count_;
   std::intptr_t head = 0;
   if (internal::lock_slot(&slots_[cpu], cpu, &head) != internal::lock_result::acquired) {
     return false;
@@ -356,10 +442,23 @@ bool object_pool::push_home_locked(int cpu, node* n) noexcept {
   return false;
 }
 
-void* object_pool::allocate_slow() noexcept {
-  const bool has_sections = internal::section_area() != nullptr;
+// A thread without rseq: its own cache first, kept apart from the rest so
+// that this common case pays for no more than a call.
+void* object_pool::allocate_slow(bool has_sections) noexcept {
+  if (!has_sections) {
+    if (internal::thread_slot* own = own_thread_slot()) {
+      if (node* n = pop_own(own)) {
+        if (checks_) check_allocate(n);
+        return n;
+      }
+    }
+  }
+  return allocate_refill(has_sections);
+}
+
+void* object_pool::allocate_refill(bool has_sections) noexcept {
   node* result = nullptr;
-  if (!has_sections) result = pop_home_locked(cpu_id() % slot_count_);
+  if (!has_sections) result = pop_home_locked(internal::cpu_hint() % slot_count_);
   if (result == nullptr) result = reinterpret_cast<node*>(internal::side_pop(&overflow_));
   if (result == nullptr) {
     // A handler that interrupted a flag holder on this thread, with the depot
@@ -380,9 +479,18 @@ void* object_pool::allocate_slow() noexcept {
   return result;
 }
 
-void object_pool::deallocate_slow(node* n) noexcept {
+void object_pool::deallocate_slow(node* n, bool has_sections) noexcept {
+  if (!has_sections) {
+    if (internal::thread_slot* own = own_thread_slot()) {
+      if (push_own(own, n)) return;
+    }
+  }
+  deallocate_spill(n, has_sections);
+}
+
+void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
   using internal::index_kind;
-  if (internal::rseq_area* area = internal::section_area()) {
+  if (internal::rseq_area* area = has_sections ? internal::section_area() : nullptr) {
     // The cache is full (or locked, or sections kept aborting): move the top
     // batch and n to the depot, so the next frees are local again.
     node* first = n;
@@ -410,7 +518,29 @@ void object_pool::deallocate_slow(node* n) noexcept {
     depot_give(first, last, count);
     return;
   }
-  if (push_home_locked(cpu_id() % slot_count_, n)) return;
+  if (internal::thread_slot* own = own_thread_slot()) {
+    // Full (deallocate_slow tried it): move the top batch to the depot, so
+    // the next frees are local.
+    if (internal::thread_slot_enter(own)) {
+      node* first = nullptr;
+      node* last = nullptr;
+      std::intptr_t count = 0;
+      std::intptr_t head = __atomic_load_n(&own->head, __ATOMIC_RELAXED);
+      while (count < batch_ && head != end()) {
+        node* x = reinterpret_cast<node*>(head);
+        head = reinterpret_cast<std::intptr_t>(x->next);
+        x->next = nullptr;
+        if (last == nullptr) first = x; else last->next = x;
+        last = x;
+        ++count;
+      }
+      __atomic_store_n(&own->head, head, __ATOMIC_RELAXED);
+      internal::thread_slot_leave(own);
+      if (count > 0) depot_give(first, last, count);
+      if (push_own(own, n)) return;
+    }
+  }
+  if (push_home_locked(internal::cpu_hint() % slot_count_, n)) return;
   n->next = nullptr;
   depot_give(n, n, 1);
 }
@@ -427,6 +557,34 @@ std::size_t object_pool::trim() noexcept {
         continue;
       }
       internal::unlock_slot(&slots_[cpu], end());
+      if (head != end()) {
+        node* first = reinterpret_cast<node*>(head);
+        node* last = first;
+        std::intptr_t count = 1;
+        while (reinterpret_cast<std::intptr_t>(last->next) != end()) {
+          last = last->next;
+          ++count;
+        }
+        last->next = nullptr;
+        depot_give(first, last, count);
+        moved += static_cast<std::size_t>(count);
+      }
+      break;
+    }
+  }
+  for (int i = 0; thread_slots_ != nullptr && i < internal::kThreadSlots; ++i) {
+    internal::thread_slot* ts = &thread_slots_[i];
+    if (__atomic_load_n(&ts->head, __ATOMIC_RELAXED) == end()) continue;
+    for (int tries = 0; tries < kTrimTries; ++tries) {
+      const internal::lock_result r = internal::lock_thread_slot(ts);
+      if (r == internal::lock_result::refused) break;
+      if (r == internal::lock_result::busy) {
+        sched_yield();
+        continue;
+      }
+      const std::intptr_t head = __atomic_load_n(&ts->head, __ATOMIC_RELAXED);
+      __atomic_store_n(&ts->head, end(), __ATOMIC_RELAXED);
+      internal::unlock_thread_slot(ts);
       if (head != end()) {
         node* first = reinterpret_cast<node*>(head);
         node* last = first;

@@ -16,12 +16,22 @@
 //   must not be touched after deallocate().
 //
 // Without rseq
-//   Threads without rseq (seccomp, valgrind, qemu-user, a forced fallback)
-//   lock their fallback CPU's cache with atomics, under the protocol of
-//   percpu/internal/slot_lock.hpp (a membarrier fence per operation only if
-//   some thread of the process does run sections). When a cache cannot be
-//   locked, they go to the depot. Nothing waits for a cache another thread
-//   holds; the depot lock is held only for short batch moves.
+//   A thread without rseq (seccomp, valgrind, qemu-user, a forced fallback)
+//   has a cache of its own in each pool, a thread slot
+//   (percpu/internal/slot_lock.hpp), bounded like a CPU's cache: allocate and
+//   deallocate there are plain loads and stores between a "busy" store and a
+//   check that no other thread revoked the slot, with no atomic instruction
+//   and no system call, the way a malloc's thread cache works. A cache that
+//   runs empty or full exchanges a batch with the depot. trim() and fork
+//   revoke these caches with one membarrier system call each. Where the
+//   membarrier command is missing, or beyond the thread slots' number of live
+//   threads, such a thread locks the cache of a CPU it ran on recently
+//   (internal::cpu_hint(): no getcpu per operation), with atomics, under the
+//   protocol of percpu/internal/slot_lock.hpp (a membarrier fence per
+//   operation only if some thread of the process does run sections); when
+//   that cache cannot be locked, it goes to the depot. Nothing waits for a
+//   cache another thread holds; the depot lock is held only for short batch
+//   moves.
 //
 // Errors and misuse
 //   The constructor throws std::invalid_argument for a zero or oversized
@@ -109,6 +119,10 @@ class object_pool final : private internal::fork_participant {
   // The depth recorded at the top of CPU `cpu`'s cache: a racy snapshot for
   // tests and diagnostics, never above cache_capacity().
   std::size_t cached_on(int cpu) const noexcept;
+  // Objects in the caches of threads without rseq (see "Without rseq"), a
+  // racy snapshot like cached_on(); each of those caches is bounded by
+  // cache_capacity() too.
+  std::size_t cached_by_threads() const noexcept;
   // Whether `p` points at an object slot of this pool (allocated or not).
   bool owns(const void* p) const noexcept;
 
@@ -126,11 +140,20 @@ class object_pool final : private internal::fork_participant {
   static std::intptr_t depth_of(std::intptr_t head) noexcept {
     return __atomic_load_n(&reinterpret_cast<node*>(head)->depth, __ATOMIC_RELAXED);
   }
-  void* allocate_slow() noexcept;
-  void deallocate_slow(node* n) noexcept;
+  // has_sections: what the inline path's section_area() answered, so the
+  // slow path of a thread without rseq does not ask again.
+  void* allocate_slow(bool has_sections) noexcept;
+  void deallocate_slow(node* n, bool has_sections) noexcept;
+  __attribute__((noinline)) void* allocate_refill(bool has_sections) noexcept;
+  __attribute__((noinline)) void deallocate_spill(node* n, bool has_sections) noexcept;
   bool push_chain_home(node* first, node* last, std::intptr_t count) noexcept;
   node* pop_home_locked(int cpu) noexcept;
   bool push_home_locked(int cpu, node* n) noexcept;
+  internal::thread_slot* own_thread_slot() noexcept;
+  node* pop_own(internal::thread_slot* own) noexcept;
+  bool push_own(internal::thread_slot* own, node* n) noexcept;
+  bool push_chain_own(internal::thread_slot* own, node* first, node* last,
+                      std::intptr_t count) noexcept;
   bool depot_lock() noexcept;
   void depot_unlock() noexcept;
   node* depot_take(std::intptr_t want, node** last, std::intptr_t* got) noexcept;
@@ -145,6 +168,9 @@ class object_pool final : private internal::fork_participant {
   // Read-mostly, shared by every CPU.
   slot* slots_;
   int slot_count_;
+  // kThreadSlots caches for threads without rseq, or nullptr where thread
+  // slots are not usable (see internal::thread_slots_usable()).
+  internal::thread_slot* thread_slots_;
   std::intptr_t capacity_;
   std::intptr_t batch_;
   bool checks_;
@@ -180,7 +206,7 @@ inline void* object_pool::allocate() noexcept {
     if (__builtin_expect(checks_, 0)) check_allocate(p);
     return p;
   }
-  return allocate_slow();  // empty (refill from the depot), locked, or no rseq
+  return allocate_slow(area != nullptr);  // empty (refill from the depot), locked, or no rseq
 }
 
 inline void object_pool::deallocate(void* p) noexcept {
@@ -209,7 +235,7 @@ inline void object_pool::deallocate(void* p) noexcept {
       }
     }
   }
-  deallocate_slow(n);
+  deallocate_slow(n, area != nullptr);
 }
 
 }  // namespace percpu

@@ -17,6 +17,7 @@
 //   that fetch_add count_ holds the bias, so nobody else can see zero.
 
 #include "percpu/ref.hpp"
+#include "percpu/internal/fallback.hpp"
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -42,6 +43,7 @@ constexpr int kRseqTries = 8;
 }
 
 std::size_t slots_bytes(int count) { return 128 * static_cast<std::size_t>(count); }
+constexpr std::size_t kThreadSlotsBytes = sizeof(internal::thread_slot) * internal::kThreadSlots;
 
 }  // namespace
 
@@ -64,6 +66,14 @@ ref::ref(release_function release, void* context) noexcept
   } else {
     count_.store(1, std::memory_order_relaxed);  // no slots: exact from the start
   }
+  if (slots_ != nullptr && internal::thread_slots_usable()) {
+    const int saved = errno;
+    void* words = mmap(nullptr, kThreadSlotsBytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    errno = saved;
+    // Zero-filled: every share 0, nothing folded, nobody busy.
+    if (words != MAP_FAILED) thread_slots_ = static_cast<internal::thread_slot*>(words);
+  }
   register_for_fork();
 }
 
@@ -76,6 +86,7 @@ ref::~ref() {
   }
 #endif
   if (slots_ != nullptr) munmap(slots_, slots_bytes(slot_count_));
+  if (thread_slots_ != nullptr) munmap(thread_slots_, kThreadSlotsBytes);
 }
 
 void ref::release_now() noexcept {
@@ -113,7 +124,26 @@ void ref::add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept
   using internal::index_kind;
   const unsigned count = static_cast<unsigned>(slot_count_);
   if (count != 0) {
-    if (internal::rseq_area* area = rseq_on_slots_ ? internal::section_area() : nullptr) {
+    internal::rseq_area* area = rseq_on_slots_ ? internal::section_area() : nullptr;
+    if (area == nullptr && thread_slots_ != nullptr &&
+        internal::t_section_state != internal::section_user::forced_locked) {
+      // A thread without rseq: its own word, until kill() folds it.
+      const int index = internal::thread_index();
+      internal::thread_slot* own = index >= 0 ? &thread_slots_[index] : nullptr;
+      if (own != nullptr && internal::thread_slot_enter(own)) {
+        const bool folded = __atomic_load_n(&own->aux, __ATOMIC_RELAXED) != 0;
+        if (!folded) {
+          __atomic_store_n(&own->head, __atomic_load_n(&own->head, __ATOMIC_RELAXED) + delta,
+                           __ATOMIC_RELAXED);
+        }
+        internal::thread_slot_leave(own);
+        if (!folded) {
+          if (added != nullptr) *added = true;
+          return;
+        }
+      }
+    }
+    if (area != nullptr) {
       for (int tries = 0; tries < kRseqTries; ++tries) {
         const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
         if (static_cast<unsigned>(cpu) >= count) break;
@@ -127,8 +157,9 @@ void ref::add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept
         }
       }
     }
-    // Any slot's atomic word is correct; the current CPU's keeps the line local.
-    const unsigned cpu = static_cast<unsigned>(cpu_id());
+    // Any slot's atomic word is correct; a recent CPU of this thread's keeps
+    // the line local (internal::cpu_hint(): no fallback query per call).
+    const unsigned cpu = static_cast<unsigned>(internal::cpu_hint());
     std::atomic<std::int64_t>& word = slots_[cpu < count ? cpu : cpu % count].by_atomic;
     std::int64_t seen = word.load(std::memory_order_relaxed);
     while (seen != kPoisoned) {
@@ -192,6 +223,20 @@ void ref::kill() noexcept {
     }
     sum += s.by_atomic.exchange(kPoisoned, std::memory_order_acq_rel);
   }
+  if (thread_slots_ != nullptr) {
+    // Every thread's word at once, with one barrier (see
+    // internal::revoke_all_thread_slots), then folded.
+    if (!internal::revoke_all_thread_slots(thread_slots_)) {
+      die("percpu::ref::kill: cannot revoke the threads' words (membarrier failed)\n");
+    }
+    for (int i = 0; i < internal::kThreadSlots; ++i) {
+      internal::thread_slot* ts = &thread_slots_[i];
+      sum += __atomic_load_n(&ts->head, __ATOMIC_RELAXED);
+      __atomic_store_n(&ts->head, 0, __ATOMIC_RELAXED);
+      __atomic_store_n(&ts->aux, 1, __ATOMIC_RELAXED);  // from now on its owner uses count_
+    }
+    internal::restore_all_thread_slots(thread_slots_);
+  }
 #if !defined(__x86_64__)
   // A put's earlier loads must not be satisfied after the release function
   // runs; on weakly ordered machines its plain store does not order them.
@@ -217,13 +262,23 @@ std::int64_t ref::count() const noexcept {
     const std::int64_t atomic = slots_[cpu].by_atomic.load(std::memory_order_relaxed);
     if (atomic != kPoisoned) total += atomic;
   }
+  for (int i = 0; thread_slots_ != nullptr && i < internal::kThreadSlots; ++i) {
+    total += __atomic_load_n(&thread_slots_[i].head, __ATOMIC_RELAXED);
+  }
   return total;
 }
 
+// The threads' words are revoked across the fork, so the child never
+// inherits one in the middle of a get or put (which its kill() would wait
+// for forever).
 void ref::before_fork() noexcept {
   while (__atomic_exchange_n(&kill_busy_, 1, __ATOMIC_ACQUIRE) != 0) sched_yield();
+  if (thread_slots_ != nullptr) internal::revoke_thread_slots_for_fork(thread_slots_);
 }
 
-void ref::after_fork() noexcept { __atomic_store_n(&kill_busy_, 0, __ATOMIC_RELEASE); }
+void ref::after_fork() noexcept {
+  if (thread_slots_ != nullptr) internal::restore_thread_slots_after_fork(thread_slots_);
+  __atomic_store_n(&kill_busy_, 0, __ATOMIC_RELEASE);
+}
 
 }  // namespace percpu

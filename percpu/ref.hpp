@@ -18,11 +18,17 @@
 //   per possible CPU.
 //
 // Without rseq
-//   Threads without rseq add to an atomic word in the CPU's slot (one
-//   compare-exchange on a line no other CPU writes). kill() takes each slot
-//   with the remote-access protocol of percpu/internal/slot_lock.hpp: the
-//   rseq word by exchange and a membarrier fence of its CPU, the atomic word
-//   by exchange. Where the fence is unavailable (old kernel, seccomp,
+//   A thread without rseq adds to a word of its own, a thread slot
+//   (percpu/internal/slot_lock.hpp): a plain add between a "busy" store and a
+//   check that kill() has not revoked the slot, no atomic instruction, no
+//   system call. kill() revokes every thread slot (one membarrier
+//   PRIVATE_EXPEDITED each) and folds it in. Where that command is missing,
+//   or beyond the thread slots' number of live threads, such a thread adds
+//   to an atomic word in the slot of a CPU it ran on recently (one
+//   compare-exchange on a line no other CPU writes). kill() takes each CPU
+//   slot with the remote-access protocol of percpu/internal/slot_lock.hpp:
+//   the rseq word by exchange and a membarrier fence of its CPU, the atomic
+//   word by exchange. Where the fence is unavailable (old kernel, seccomp,
 //   valgrind) the ref keeps rseq off its slots from construction and uses
 //   the atomic words only. If the slots cannot be mapped, everything goes to
 //   the single atomic count; still exact.
@@ -105,6 +111,10 @@ class ref : private internal::fork_participant {
   void after_fork() noexcept override;
 
   slot* slots_ = nullptr;  // nullptr when mapping failed
+  // kThreadSlots words for threads without rseq (head: the thread's share of
+  // the count; aux: 1 once kill() folded it), or nullptr where thread slots
+  // are not usable or could not be mapped.
+  internal::thread_slot* thread_slots_ = nullptr;
   int slot_count_ = 0;
   bool rseq_on_slots_ = false;
   std::atomic<std::int64_t> count_;

@@ -119,6 +119,34 @@ bool fallback_usable(cpu_backend backend, const char** why) noexcept {
   return reason == nullptr;
 }
 
+namespace {
+// Static TLS, so a signal handler may use it; zero-initialised, and 0 is a
+// valid CPU id until the first refresh.
+__thread int t_hint_cpu __attribute__((tls_model("initial-exec"))) = 0;
+__thread unsigned t_hint_uses __attribute__((tls_model("initial-exec"))) = 0;
+}  // namespace
+
+// Asks the fallback itself: the caller has no rseq, so cpu_id()'s checks of
+// the thread's registration would only add to the cost.
+int cpu_hint_slow() noexcept {
+  const cpu_backend fallback = fallback_backend();
+  if (fallback == cpu_backend::syscall) {
+    const unsigned uses = t_hint_uses;
+    if (__builtin_expect(uses != 0, 1)) {
+      t_hint_uses = uses - 1;
+      return t_hint_cpu;
+    }
+    const int cpu = cpu_id();
+    t_hint_cpu = cpu;
+    t_hint_uses = kCpuHintUses - 1;
+    return cpu;
+  }
+  unsigned cpu = 0;
+  const std::uint32_t limit = __atomic_load_n(&g_fast_path.cpu_limit, __ATOMIC_ACQUIRE);
+  if (limit == 0 || fallback_query(fallback, &cpu, nullptr) != 0) return cpu_id();
+  return static_cast<int>(cpu < limit ? cpu : cpu % limit);
+}
+
 int fallback_query(cpu_backend backend, unsigned* cpu, unsigned* node) noexcept {
   switch (backend) {
     case cpu_backend::rdpid: {

@@ -32,5 +32,23 @@ vdso_getcpu_fn vdso_getcpu_function() noexcept;
 int raw_vdso_getcpu(unsigned* cpu, unsigned* node) noexcept;     // -1 without a vDSO getcpu
 int raw_syscall_getcpu(unsigned* cpu, unsigned* node) noexcept;  // errno value or 0
 
+// A CPU id in [0, max_cpus()) for a thread without rseq to pick the slot it
+// tries first. Where the fallback answers without a system call (RDPID, the
+// vDSO) it is cpu_id(); where the fallback is the getcpu system call (arm64
+// has neither RDPID nor a vDSO getcpu) it is cpu_id() once every
+// kCpuHintUses calls on the thread and the last answer in between, so no
+// operation pays a system call. The per-CPU structures lock or check the
+// slot they pick anyway, so a stale answer costs locality, never
+// correctness.
+// Thread-safe and async-signal-safe (a handler that interrupts the refresh
+// reads an older answer, which is still in range).
+constexpr unsigned kCpuHintUses = 256;
+int cpu_hint_slow() noexcept;
+inline int cpu_hint() noexcept {
+  // RDPID answers inline, in one instruction.
+  if (kArchHasRdpid && g_fast_path.rdpid_inline) return cpu_id();
+  return cpu_hint_slow();
+}
+
 }  // namespace internal
 }  // namespace percpu

@@ -69,7 +69,11 @@ inline rseq_area* serving_rseq_area() noexcept {
 // g_fast_path.section_state and a fresh thread pointer, never through the
 // compiler's TLS access, which may keep a thread's address across a
 // coroutine's suspension.
-enum class section_user : int { unmarked = 0, marked = 1, forced_locked = 2 };
+// no_rseq: the thread asked for its area after start-up and has none, so
+// section_area() answers nullptr inline without asking again; consulted only
+// while the thread's area shows no CPU (a thread that gets rseq later is
+// marked as usual).
+enum class section_user : int { unmarked = 0, marked = 1, forced_locked = 2, no_rseq = 3 };
 extern __thread section_user t_section_state __attribute__((tls_model("initial-exec")));
 
 // Test seam: serve every thread from `backend` from now on. For rseq this

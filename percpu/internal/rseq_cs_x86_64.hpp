@@ -114,8 +114,10 @@ cmpfail:
 //   pseudo-code:   if (area->index != index) return -1;
 //                  *v += count;                     <- commit (one RMW instruction,
 //                  return 0;                           not locked: only this CPU writes)
-//   operands:      area -> %[area], v -> %[v], count -> %[count],
-//                  index -> %[index], %rax descriptor address
+//   operands:      area -> %[area], v -> %[v], count -> %[count] (a register or
+//                  a sign-extended 32-bit immediate: a constant delta such as
+//                  increment()'s needs no register), index -> %[index],
+//                  %rax descriptor address
 //   labels:        start 1, commit "addq %[count], (%[v])", post-commit 2,
 //                  abort 4 -> C label abort (-1); no compare, never returns 1
 template <index_kind K>
@@ -162,7 +164,7 @@ inline int rseq_addv(rseq_area* area, std::intptr_t* v, std::intptr_t count, int
       "jmp %l[abort]\n\t"
       ".popsection\n\t"
       :
-      : [area] "r"(area), [v] "r"(v), [count] "r"(count), [index] "r"(index),
+      : [area] "r"(area), [v] "r"(v), [count] "er"(count), [index] "r"(index),
         [cs_offset] "i"(kRseqCsOffset), [index_offset] "i"(index_offset<K>())
 #if defined(PERCPU_INJECT_DELAYS)
         , [delay] "r"(inject_delay_loops())

@@ -174,15 +174,29 @@ section_user mark_section_user() noexcept;
 // rseq_area_for_sections() has answered, that is after start-up has aimed
 // g_fast_path.section_state; a stale offset 0 would read the thread control
 // block's first word, a pointer, which is never 1, and so only costs a call.
+//
+// A thread without rseq is answered inline too, from the same state word
+// (section_user::no_rseq, set by section_area_slow() once it has found no
+// area after start-up), so its operations do not call out to ask again each
+// time. Before start-up the area check fails and the state offset is 0: the
+// word there is a pointer, which is never no_rseq, so that costs a call.
+rseq_area* section_area_slow() noexcept;
 inline rseq_area* section_area() noexcept {
-  rseq_area* area = rseq_area_for_sections();
-  if (area == nullptr) return nullptr;
-  if (__builtin_expect(load_tp_relative_i32(g_fast_path.section_state) ==
-                           static_cast<int>(section_user::marked),
-                       1)) {
-    return area;
+  rseq_area* area = serving_rseq_area();
+  const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
+  if (__builtin_expect(within(id, g_fast_path.cpu_limit), 1)) {
+    if (__builtin_expect(load_tp_relative_i32(g_fast_path.section_state) ==
+                             static_cast<int>(section_user::marked),
+                         1)) {
+      return area;
+    }
+    return mark_section_user() == section_user::marked ? area : nullptr;
   }
-  return mark_section_user() == section_user::marked ? area : nullptr;
+  if (load_tp_relative_i32(g_fast_path.section_state) ==
+      static_cast<int>(section_user::no_rseq)) {
+    return nullptr;
+  }
+  return section_area_slow();
 }
 
 // The process-wide barrier of percpu::shared_mutex and percpu::ref:
@@ -198,14 +212,109 @@ inline rseq_area* section_area() noexcept {
 bool barrier_available() noexcept;
 bool barrier_all() noexcept;
 
-// Test seam: from now on the calling thread takes the locked path, as a
-// thread without rseq would, even though other threads run sections.
+// Test seam: from now on the calling thread takes the locked per-CPU path
+// (the path of a thread without rseq that has no thread slot), even though
+// other threads run sections.
 void force_locked_path_for_this_thread(bool on) noexcept;
 // Test seam: how many membarrier fences this process issued.
 unsigned long fence_count() noexcept;
 // Test seam: pretend membarrier is missing (lock_slot then refuses whenever
 // sections may run).
 void simulate_missing_membarrier(bool on) noexcept;
+
+// ---- Thread slots: the path of threads without rseq -----------------------
+//
+// Why
+//   A thread without rseq cannot update a shared per-CPU slot without atomic
+//   read-modify-writes (two exchanges per lock_slot), which makes every
+//   operation slower than a mutex or malloc's thread cache. So each such
+//   thread gets a slot of its own in every structure, indexed by a small
+//   per-process thread index, and updates it with plain loads and stores.
+//
+// The owner protocol (thread_slot_enter / thread_slot_leave)
+//   The owner stores busy = 1, then (a compiler barrier only) reads revoked;
+//   if it is set, or busy was already 1 (a signal handler that interrupted
+//   its own thread's operation), the owner leaves the slot alone and takes
+//   the shared path. It ends with a release store of busy = 0.
+//
+// Remote access (lock_thread_slot / unlock_thread_slot)
+//   Steals, take_all, trim and kill take the slot's locker flag, store
+//   revoked = 1, issue barrier_all() (membarrier PRIVATE_EXPEDITED), then
+//   read busy. This is the asymmetric Dekker of shared_mutex: after the
+//   barrier, either the owner's busy = 1 is visible here or the owner's later
+//   read of revoked sees 1. busy = 1: report busy (never wait; the owner may
+//   be the thread this handler interrupted), clearing revoked. busy = 0: the
+//   slot is the locker's until unlock_thread_slot clears revoked.
+//   Without the membarrier command, thread slots are not used at all
+//   (thread_slots_usable() is false) and threads without rseq keep the
+//   locked per-CPU path. Under ThreadSanitizer, which cannot see membarrier
+//   order, they are not used either.
+//
+// Thread indexes
+//   thread_index() hands each thread the first free index of a process-wide
+//   table once, with a compare-and-swap; an index whose thread has exited
+//   (tgkill(pid, tid, 0) fails with ESRCH) is taken over, along with what
+//   its slots hold in every structure, which is exactly what a new owner of
+//   those slots should get. A forked child's thread keeps its index (a fork
+//   handler records its new tid); the parent's other indexes are free to be
+//   taken there. Beyond kThreadSlots live threads, later ones get -1 and keep
+//   the locked per-CPU path.
+//
+// Fork
+//   A structure's fork handler revokes every thread slot with one barrier and
+//   waits (rule R3: owners never wait while busy) until none is busy, so the
+//   child never inherits a slot in the middle of an update.
+constexpr int kThreadSlots = 128;
+
+struct alignas(64) thread_slot {
+  std::intptr_t head;  // owner: relaxed atomics while busy; lockers while revoked
+  std::intptr_t aux;   // a second word for the structure's own use, same rules
+  int busy;            // written only by the owning thread (and its handlers)
+  int revoked;         // written only by the holder of locker
+  int locker;          // a flag (see below)
+};
+
+// The calling thread's index in [0, kThreadSlots), or -1.
+// Async-signal-safe (the first call on a thread makes a few system calls).
+// Only for out-of-line slow paths: it reads TLS the compiler's way, which a
+// coroutine resumed on another thread must not have cached (cpu.hpp).
+extern __thread int t_thread_index_plus_one __attribute__((tls_model("initial-exec")));
+int claim_thread_index() noexcept;
+inline int thread_index() noexcept {
+  const int plus_one = t_thread_index_plus_one;
+  if (__builtin_expect(plus_one > 0, 1)) return plus_one - 1;
+  return plus_one < 0 ? -1 : claim_thread_index();
+}
+// Whether structures may use thread slots in this process.
+bool thread_slots_usable() noexcept;
+
+inline bool thread_slot_enter(thread_slot* slot) noexcept {
+  if (__atomic_load_n(&slot->busy, __ATOMIC_RELAXED) != 0) return false;
+  __atomic_store_n(&slot->busy, 1, __ATOMIC_RELAXED);
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);  // the barrier_all() of a locker makes it a full fence
+  if (__builtin_expect(__atomic_load_n(&slot->revoked, __ATOMIC_RELAXED) == 0, 1)) return true;
+  __atomic_store_n(&slot->busy, 0, __ATOMIC_RELEASE);
+  return false;
+}
+inline void thread_slot_leave(thread_slot* slot) noexcept {
+  __atomic_store_n(&slot->busy, 0, __ATOMIC_RELEASE);
+}
+
+lock_result lock_thread_slot(thread_slot* slot) noexcept;
+void unlock_thread_slot(thread_slot* slot) noexcept;
+// Locks every slot of `slots` with one barrier instead of one each: takes
+// every locker flag, revokes all, fences once, then waits until no owner is
+// inside (owners never wait, rule R2). Only for callers outside signal
+// handlers whose slots' lockers nobody else takes meanwhile (ref::kill,
+// under its kill_busy_, which its fork handler takes too), so taking the
+// flags never actually waits while holding one (rule R1). False, with
+// nothing held, when the barrier fails.
+bool revoke_all_thread_slots(thread_slot* slots) noexcept;
+void restore_all_thread_slots(thread_slot* slots) noexcept;
+// Fork handler helpers (R3): revoke every slot of `slots` and wait until no
+// owner but the calling thread is inside; then undo.
+void revoke_thread_slots_for_fork(thread_slot* slots) noexcept;
+void restore_thread_slots_after_fork(thread_slot* slots) noexcept;
 
 // A node as the side stack sees it: the successor at offset 0.
 struct side_node {
