@@ -55,9 +55,11 @@ std::int64_t read_rseq_word(const std::intptr_t* word) {
 internal::rseq_area* area_unless_known_missing() noexcept {
   using internal::section_user;
   using internal::t_section_state;
+  const std::uint32_t limit =
+      __atomic_load_n(&internal::g_fast_path.section_limit, __ATOMIC_ACQUIRE);
   internal::rseq_area* area = internal::serving_rseq_area();
   const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
-  if (internal::within(id, internal::g_fast_path.cpu_limit)) return area;
+  if (internal::within(id, limit)) return area;
   if (t_section_state == section_user::no_rseq) return nullptr;
   area = internal::registered_rseq_area();
   if (area == nullptr && t_section_state == section_user::unmarked &&

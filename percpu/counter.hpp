@@ -123,11 +123,11 @@ class counter {
 
   // The first slot of the mapped block, or nullptr until the first add()
   // maps it. The block always has max_cpus() slots, so the hot path bounds
-  // the CPU with the process-wide g_fast_path.cpu_limit (max_cpus(), and 0
-  // before start-up) instead of loading a count through this pointer: the
-  // pointer and the bound are independent loads. No block is mapped before
-  // start-up has aimed the fast path (see add_slow), so a non-null pointer
-  // also means that the area offset is final.
+  // the CPU with the process-wide g_fast_path.section_limit (max_cpus(); 0
+  // before start-up and where sections are off) instead of loading a count
+  // through this pointer: the pointer and the bound are independent loads.
+  // The bound is read first with acquire order and start-up writes it last,
+  // so an accepted CPU comes with the area offset start-up wrote.
   std::atomic<slot_words*> slots_{nullptr};
   // Adds made when no block could be mapped.
   std::atomic<std::int64_t> unmapped_{0};
@@ -145,12 +145,16 @@ class counter {
 // and the slot address depends on the loaded pointer.
 inline void counter::add(std::int64_t delta) noexcept {
   using internal::index_kind;
+  // The bound first, with acquire order (see rseq_area_for_sections): 0
+  // before start-up and where sections are off.
+  const std::uint32_t limit =
+      __atomic_load_n(&internal::g_fast_path.section_limit, __ATOMIC_ACQUIRE);
   slot_words* s = slots_.load(std::memory_order_relaxed);
   internal::rseq_area* area = internal::serving_rseq_area();
   const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-  if (__builtin_expect(internal::within(cpu, internal::g_fast_path.cpu_limit), 1) &&
+  if (__builtin_expect(internal::within(cpu, limit), 1) &&
       __builtin_expect(s != nullptr, 1)) {
-    // Unsigned: the index is below cpu_limit, so the zero extension is free.
+    // Unsigned: the index is below the bound, so the zero extension is free.
     std::intptr_t* word = &s[static_cast<unsigned>(cpu)].by_rseq;
     if (__builtin_expect(internal::rseq_addv<index_kind::cpu_id>(
                              area, word, static_cast<std::intptr_t>(delta), cpu) == 0,

@@ -182,9 +182,12 @@ section_user mark_section_user() noexcept;
 // word there is a pointer, which is never no_rseq, so that costs a call.
 rseq_area* section_area_slow() noexcept;
 inline rseq_area* section_area() noexcept {
+  // The bound first, with acquire order, as in rseq_area_for_sections(): 0
+  // before start-up and where sections are off.
+  const std::uint32_t limit = __atomic_load_n(&g_fast_path.section_limit, __ATOMIC_ACQUIRE);
   rseq_area* area = serving_rseq_area();
   const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
-  if (__builtin_expect(within(id, g_fast_path.cpu_limit), 1)) {
+  if (__builtin_expect(within(id, limit), 1)) {
     if (__builtin_expect(load_tp_relative_i32(g_fast_path.section_state) ==
                              static_cast<int>(section_user::marked),
                          1)) {
