@@ -3,13 +3,18 @@
 //
 // Layout: percpu_bench_loops.cpp holds the timed loops; percpu_bench_measure.cpp
 // gathers the environment, runs the loops and disassembles them;
+// percpu_bench_structures.cpp measures the structures (--structures);
 // percpu_bench_report.cpp prints the text, JSON and SVG; percpu_bench_main.cpp
 // parses the command line. Everything runs on the calling thread except the
 // --threads measurements, which run one pinned thread per allowed CPU.
 #pragma once
 
+#include <sched.h>
+
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -43,6 +48,9 @@ constexpr const char* kRseqOffRow = "glibc_sched_getcpu_rseq_off";
 // clock's granularity and a stray interrupt vanish in the median, short
 // enough that a default run stays well under a minute on two cores.
 constexpr double kRepetitionBudgetNs = 100e6;
+// The same for one side of a --structures row, per thread: shorter, since
+// that table has many more figures, each of a cheap operation.
+constexpr double kStructureBudgetNs = 20e6;
 
 struct options {
   std::uint64_t calls = 1000000000;
@@ -55,6 +63,8 @@ struct options {
   std::vector<std::string> argv;  // the command as typed, for the record
   // Hidden: run one row and print its raw figures (the rseq-off child).
   std::string child_row;
+  // The structures against their alternatives instead of the seed tables.
+  bool structures = false;
 };
 
 struct environment {
@@ -100,9 +110,61 @@ struct disassembly {
   std::vector<std::string> lines;  // formatted "<+off>: insn", loop lines marked
 };
 
+// --structures: one of percpu's structures, or the alternative it replaces,
+// at one thread count in one mode (with or without rseq).
+struct structure_side {
+  bool available = false;
+  std::string reason;             // why not, when !available
+  std::uint64_t calls = 0;        // operations per thread per repetition
+  std::vector<double> ns_per_op;  // per repetition: the median over the threads
+  std::vector<double> all_ns_per_op;  // every thread's figure of every repetition
+
+  double median() const;
+  double min() const;  // over every thread's figure
+  double max() const;
+};
+
+// What a structure is held against, and the bar the project set for it.
+struct structure_kind {
+  const char* name;               // JSON key
+  const char* label;              // the percpu operation, as printed
+  const char* alternative_label;  // the alternative's operation, as printed
+  const char* short_label;        // for the bar lines
+  loop_fn percpu_loop;
+  loop_fn alternative_loop;
+  // The ratio's direction: percpu / alternative (lower is better) when true,
+  // alternative / percpu (higher is better) otherwise.
+  bool percpu_over_alternative;
+  double bar_with_rseq;
+  double bar_without_rseq;
+};
+
+const std::vector<structure_kind>& structure_kinds();
+// The thread counts every structure is measured at.
+const std::vector<int>& structure_thread_counts();
+
+struct structure_mode {
+  bool available = false;
+  std::string reason;   // why not, when !available
+  std::string backend;  // cpu_id()'s backend where it was measured
+  structure_side percpu;
+  structure_side alternative;
+  // percpu / alternative or alternative / percpu, as the kind says; 0 when
+  // either side is missing.
+  double ratio(const structure_kind& kind) const;
+};
+
+struct structure_row {
+  const structure_kind* kind = nullptr;
+  int threads = 1;
+  structure_mode with_rseq;     // in this process
+  structure_mode without_rseq;  // in a child whose rseq(2) fails with ENOSYS
+};
+
 struct run_result {
   options opts;
   environment env;
+  std::vector<structure_row> structures;  // with --structures
   std::vector<measurement> rows;  // selected rows, in printed order
   std::vector<disassembly> listings;
   double wall_seconds = 0;
@@ -110,6 +172,46 @@ struct run_result {
 };
 
 double median(std::vector<double> values);
+
+// Shared by the seed tables and the structures (percpu_bench_measure.cpp).
+void use_clock(const options& opts);
+// The loop's duration on the chosen clock (the thread's CPU time by default).
+double time_loop(loop_fn loop, std::uint64_t n);
+std::vector<int> allowed_cpus();
+std::string self_path();
+// Runs args with `extra_env` added, capturing stdout. Returns the exit
+// status, or -1 when the program could not be started or was killed.
+int run_capture(const std::vector<std::string>& args, const std::vector<std::string>& extra_env,
+                bool search_path, std::string* out);
+
+// Pins the calling thread to one CPU for its lifetime and restores the
+// previous mask afterwards, so a repetition is not split across CPUs.
+class pin_guard {
+ public:
+  explicit pin_guard(int cpu);
+  ~pin_guard();
+  pin_guard(const pin_guard&) = delete;
+  pin_guard& operator=(const pin_guard&) = delete;
+
+ private:
+  cpu_set_t saved_;
+  bool pinned_ = false;
+};
+
+// A reusable barrier: threads that must start each timed loop together, so
+// the figures are truly taken on every CPU at once.
+class barrier {
+ public:
+  explicit barrier(int parties) : parties_(parties) {}
+  void wait();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const int parties_;
+  int arrived_ = 0;
+  long generation_ = 0;
+};
 
 // percpu_bench_measure.cpp
 environment gather_environment();
@@ -122,6 +224,16 @@ double on_cpu_share();
 std::vector<disassembly> disassemble_fast_paths();
 // The hidden child mode: measures one row and prints its figures on stdout.
 int run_child(const options& opts);
+
+// percpu_bench_structures.cpp
+constexpr const char* kStructuresChild = "structures";
+constexpr const char* kStructuresDenyChild = "structures-without-rseq";
+// Every structure and alternative at every thread count, with rseq in this
+// process and without it in a child process.
+std::vector<structure_row> measure_structures(const options& opts);
+// The child modes: kStructuresDenyChild installs the filter and execs
+// kStructuresChild, which measures and prints its figures on stdout.
+int run_structures_child(const options& opts);
 
 // percpu_bench_report.cpp
 void print_text(const run_result& run, std::FILE* out);

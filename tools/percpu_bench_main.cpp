@@ -63,16 +63,23 @@ int main(int argc, char** argv) {
                  "Repetitions of every row; the tables show the median and the min-max spread")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
-  app.add_flag("--threads", opts.threads,
-               "Measure on every allowed CPU at once, one pinned thread per CPU");
+  CLI::Option* threads = app.add_flag(
+      "--threads", opts.threads, "Measure on every allowed CPU at once, one pinned thread per CPU");
   app.add_option("--clock", opts.clock,
                  "cpu: the measuring thread's CPU time, which leaves out time other programs "
                  "held the CPU; wall: CLOCK_MONOTONIC")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "wall"}));
-  app.add_option("--only", opts.only, "Measure only these rows (comma-separated)")
-      ->delimiter(',')
-      ->check(CLI::IsMember(percpu::bench::only_names()));
+  CLI::Option* only = app.add_option("--only", opts.only,
+                                     "Measure only these rows (comma-separated)")
+                          ->delimiter(',')
+                          ->check(CLI::IsMember(percpu::bench::only_names()));
+  app.add_flag("--structures", opts.structures,
+               "Instead of the seed tables: percpu's structures against the alternatives they "
+               "replace, at 1 and 2 threads, with rseq and without it (in a child process whose "
+               "rseq system call fails with ENOSYS)")
+      ->excludes(threads)
+      ->excludes(only);
   app.add_option("--json", opts.json_path, "Also write every figure and the environment as JSON");
   app.add_option("--svg", opts.svg_path, "Also write a bar chart of ns per call (log scale)");
   app.add_option("--internal-child", opts.child_row)->group("");  // the rseq-off child
@@ -98,14 +105,22 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
 
+  if (opts.child_row == percpu::bench::kStructuresChild ||
+      opts.child_row == percpu::bench::kStructuresDenyChild) {
+    return percpu::bench::run_structures_child(opts);
+  }
   if (!opts.child_row.empty()) return percpu::bench::run_child(opts);
 
   const double start = seconds_now();
   percpu::bench::run_result run;
   run.opts = opts;
   run.env = percpu::bench::gather_environment();
-  run.rows = percpu::bench::measure(opts);
-  run.listings = percpu::bench::disassemble_fast_paths();
+  if (opts.structures) {
+    run.structures = percpu::bench::measure_structures(opts);
+  } else {
+    run.rows = percpu::bench::measure(opts);
+    run.listings = percpu::bench::disassemble_fast_paths();
+  }
   run.on_cpu_share = percpu::bench::on_cpu_share();
   run.wall_seconds = seconds_now() - start;
 

@@ -75,58 +75,6 @@ double read_ns(clockid_t clock) {
   return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
 }
 
-// The loop's duration on the chosen clock. The thread's CPU clock (the
-// default) leaves out the time other programs held the CPU, which on a busy
-// machine would otherwise land on whichever row happened to be running.
-double time_loop(loop_fn loop, std::uint64_t n) {
-  const double wall_start = read_ns(CLOCK_MONOTONIC);
-  const double start = read_ns(g_clock);
-  loop(n);
-  const double elapsed = read_ns(g_clock) - start;
-  const double wall = read_ns(CLOCK_MONOTONIC) - wall_start;
-  g_total_clock_ns += static_cast<std::uint64_t>(elapsed);
-  g_total_wall_ns += static_cast<std::uint64_t>(wall);
-  return elapsed;
-}
-
-void use_clock(const options& opts) {
-  g_clock = opts.clock == "wall" ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID;
-}
-
-// Pins the calling thread to one CPU for its lifetime and restores the
-// previous mask afterwards, so a repetition is not split across CPUs.
-class pin_guard {
- public:
-  explicit pin_guard(int cpu) {
-    CPU_ZERO(&saved_);
-    if (cpu < 0 || sched_getaffinity(0, sizeof(saved_), &saved_) != 0) return;
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    pinned_ = sched_setaffinity(0, sizeof(one), &one) == 0;
-  }
-  ~pin_guard() {
-    if (pinned_) sched_setaffinity(0, sizeof(saved_), &saved_);
-  }
-  pin_guard(const pin_guard&) = delete;
-  pin_guard& operator=(const pin_guard&) = delete;
-
- private:
-  cpu_set_t saved_;
-  bool pinned_ = false;
-};
-
-std::vector<int> allowed_cpus() {
-  std::vector<int> cpus;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
-  }
-  return cpus;
-}
-
 bool available(const method_info& m, std::string* why) {
   const char* reason = nullptr;
   const std::string name = m.name;
@@ -186,31 +134,6 @@ class progress {
   bool enabled_;
 };
 
-// A reusable barrier: every --threads worker starts each timed loop together,
-// so the figures are truly taken on every CPU at once.
-class barrier {
- public:
-  explicit barrier(int parties) : parties_(parties) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    const long generation = generation_;
-    if (++arrived_ == parties_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return generation_ != generation; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  const int parties_;
-  int arrived_ = 0;
-  long generation_ = 0;
-};
-
 // GLIBC_TUNABLES for the child: the caller's tunables plus rseq off.
 std::string tunables_with_rseq_off() {
   std::string value = "glibc.pthread.rseq=0";
@@ -218,62 +141,6 @@ std::string tunables_with_rseq_off() {
     if (*existing != '\0') value = std::string(existing) + ":" + value;
   }
   return value;
-}
-
-std::string self_path() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return buf;
-}
-
-// Runs argv with `extra_env` added, capturing stdout. Returns the exit status
-// (or -1 when the program could not be started).
-int run_capture(const std::vector<std::string>& args, const std::vector<std::string>& extra_env,
-                bool search_path, std::string* out) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return -1;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  std::vector<std::string> env_storage;
-  for (char** e = environ; *e != nullptr; ++e) {
-    bool replaced = false;
-    for (const std::string& x : extra_env) {
-      const std::string key = x.substr(0, x.find('=') + 1);
-      if (std::strncmp(*e, key.c_str(), key.size()) == 0) replaced = true;
-    }
-    if (!replaced) env_storage.push_back(*e);
-  }
-  for (const std::string& x : extra_env) env_storage.push_back(x);
-  std::vector<char*> envp;
-  for (std::string& e : env_storage) envp.push_back(&e[0]);
-  envp.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = search_path
-                     ? posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), envp.data())
-                     : posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
-  if (rc != 0) {
-    close(fds[0]);
-    return -1;
-  }
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof(buf))) > 0 || (n < 0 && errno == EINTR)) {
-    if (n > 0) out->append(buf, static_cast<std::size_t>(n));
-  }
-  close(fds[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 // The rseq-off row: glibc's sched_getcpu() as it was before glibc read rseq,
@@ -336,6 +203,118 @@ std::string cpu_model() {
 }
 
 }  // namespace
+
+// The loop's duration on the chosen clock. The thread's CPU clock (the
+// default) leaves out the time other programs held the CPU, which on a busy
+// machine would otherwise land on whichever row happened to be running.
+double time_loop(loop_fn loop, std::uint64_t n) {
+  const double wall_start = read_ns(CLOCK_MONOTONIC);
+  const double start = read_ns(g_clock);
+  loop(n);
+  const double elapsed = read_ns(g_clock) - start;
+  const double wall = read_ns(CLOCK_MONOTONIC) - wall_start;
+  g_total_clock_ns += static_cast<std::uint64_t>(elapsed);
+  g_total_wall_ns += static_cast<std::uint64_t>(wall);
+  return elapsed;
+}
+
+void use_clock(const options& opts) {
+  g_clock = opts.clock == "wall" ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID;
+}
+
+// Pins the calling thread to one CPU for its lifetime and restores the
+// previous mask afterwards, so a repetition is not split across CPUs.
+pin_guard::pin_guard(int cpu) {
+    CPU_ZERO(&saved_);
+    if (cpu < 0 || sched_getaffinity(0, sizeof(saved_), &saved_) != 0) return;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pinned_ = sched_setaffinity(0, sizeof(one), &one) == 0;
+}
+
+pin_guard::~pin_guard() {
+  if (pinned_) sched_setaffinity(0, sizeof(saved_), &saved_);
+}
+
+std::vector<int> allowed_cpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+std::string self_path() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "";
+  buf[n] = '\0';
+  return buf;
+}
+
+// Runs argv with `extra_env` added, capturing stdout. Returns the exit status
+// (or -1 when the program could not be started).
+int run_capture(const std::vector<std::string>& args, const std::vector<std::string>& extra_env,
+                bool search_path, std::string* out) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return -1;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::string> env_storage;
+  for (char** e = environ; *e != nullptr; ++e) {
+    bool replaced = false;
+    for (const std::string& x : extra_env) {
+      const std::string key = x.substr(0, x.find('=') + 1);
+      if (std::strncmp(*e, key.c_str(), key.size()) == 0) replaced = true;
+    }
+    if (!replaced) env_storage.push_back(*e);
+  }
+  for (const std::string& x : extra_env) env_storage.push_back(x);
+  std::vector<char*> envp;
+  for (std::string& e : env_storage) envp.push_back(&e[0]);
+  envp.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = search_path
+                     ? posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), envp.data())
+                     : posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    return -1;
+  }
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0 || (n < 0 && errno == EINTR)) {
+    if (n > 0) out->append(buf, static_cast<std::size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+void barrier::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const long generation = generation_;
+  if (++arrived_ == parties_) {
+    arrived_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return;
+  }
+  cv_.wait(lock, [&] { return generation_ != generation; });
+}
 
 const std::vector<method_info>& methods() { return kMethods; }
 

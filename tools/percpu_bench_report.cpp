@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -256,6 +257,95 @@ void print_arm64_table(const run_result& run, std::FILE* out) {
                static_cast<double>(t_after) / static_cast<double>(t_before));
 }
 
+std::string side_cells(const structure_mode& m, const structure_side& side) {
+  if (!m.available) return "n/a";
+  if (!side.available) return "n/a (" + side.reason + ")";
+  return format_ns(side.median()) + "  " + format_ns(side.min()) + "-" + format_ns(side.max());
+}
+
+// The bar lines of the structures table: one per structure and mode, with
+// every thread count's ratio.
+struct structure_bar {
+  std::string text;
+  std::vector<double> ratios;  // per thread count; 0 where not measured
+  bool measured;
+  bool met;
+};
+
+std::vector<structure_bar> structure_bars(const run_result& run) {
+  std::vector<structure_bar> bars;
+  for (const structure_kind& kind : structure_kinds()) {
+    for (const bool rseq : {true, false}) {
+      const double goal = rseq ? kind.bar_with_rseq : kind.bar_without_rseq;
+      structure_bar b;
+      b.text = std::string(kind.short_label) + (rseq ? ", with rseq" : ", without rseq") +
+               " (" + (kind.percpu_over_alternative ? "at most " : "at least ") +
+               printf_string("%.2gx)", goal);
+      b.measured = true;
+      b.met = true;
+      for (const structure_row& row : run.structures) {
+        if (row.kind != &kind) continue;
+        const double r = (rseq ? row.with_rseq : row.without_rseq).ratio(kind);
+        b.ratios.push_back(r);
+        if (r <= 0) b.measured = false;
+        b.met = b.met && r > 0 && (kind.percpu_over_alternative ? r <= goal : r >= goal);
+      }
+      bars.push_back(b);
+    }
+  }
+  return bars;
+}
+
+void print_structures(const run_result& run, std::FILE* out) {
+  std::fprintf(out,
+               "\n2. percpu's structures against what they replace: ns per operation, median of "
+               "%d repetition%s, then min-max over every thread\n",
+               run.opts.repetitions, run.opts.repetitions == 1 ? "" : "s");
+  std::fprintf(out,
+               "   (each thread pinned to its own CPU where there are enough; \"without rseq\": "
+               "this binary again,\n    in a child process whose rseq system call a seccomp "
+               "filter fails with ENOSYS; operations per thread\n    per repetition: --calls, "
+               "or fewer where that would take over %.2f s)\n\n",
+               kStructureBudgetNs / 1e9);
+  std::size_t width = 0;
+  for (const structure_kind& kind : structure_kinds()) {
+    width = std::max({width, std::strlen(kind.label), std::strlen(kind.alternative_label) + 2});
+  }
+  const int w = static_cast<int>(width + 1);
+  std::fprintf(out, "%-*s %7s   %-26s %-26s\n", w, "", "threads", "with rseq", "without rseq [child]");
+  for (const structure_row& row : run.structures) {
+    std::fprintf(out, "%-*s %7d   %-26s %-26s\n", w, row.kind->label, row.threads,
+                 side_cells(row.with_rseq, row.with_rseq.percpu).c_str(),
+                 side_cells(row.without_rseq, row.without_rseq.percpu).c_str());
+    std::fprintf(out, "%-*s %7d   %-26s %-26s\n", w,
+                 (std::string("  ") + row.kind->alternative_label).c_str(), row.threads,
+                 side_cells(row.with_rseq, row.with_rseq.alternative).c_str(),
+                 side_cells(row.without_rseq, row.without_rseq.alternative).c_str());
+  }
+  const structure_row* first = run.structures.empty() ? nullptr : &run.structures.front();
+  if (first != nullptr) {
+    for (const auto& mode : {std::make_pair("with rseq", &first->with_rseq),
+                             std::make_pair("without rseq", &first->without_rseq)}) {
+      if (mode.second->available) {
+        std::fprintf(out, "   %s: cpu_id() backend %s\n", mode.first, mode.second->backend.c_str());
+      } else {
+        std::fprintf(out, "   %s: n/a (%s)\n", mode.first, mode.second->reason.c_str());
+      }
+    }
+  }
+  std::fprintf(out,
+               "\n   The bar (percpu's own targets for its structures; ratios of the medians "
+               "above, at 1 / 2 threads):\n");
+  for (const structure_bar& b : structure_bars(run)) {
+    std::string ratios;
+    for (double r : b.ratios) {
+      ratios += (ratios.empty() ? "" : " / ") + (r > 0 ? printf_string("%.2fx", r) : "n/a");
+    }
+    std::fprintf(out, "   %-66s %17s  %s\n", b.text.c_str(), ratios.c_str(),
+                 !b.measured ? "not measured" : b.met ? "met" : "NOT met");
+  }
+}
+
 void print_listings(const run_result& run, std::FILE* out) {
   std::fprintf(out, "\n4. The instructions as built, disassembled from the binaries themselves\n"
                     "   (in the loops, lines marked * are the loop body: what each call costs)\n");
@@ -362,6 +452,40 @@ std::string json_row(const run_result& run, const measurement& row) {
   return s + "}";
 }
 
+std::string json_side(const structure_side& side) {
+  if (!side.available) return "{\"available\": false, \"reason\": " + json_string(side.reason) + "}";
+  return "{\"available\": true, \"calls_per_repetition\": " + std::to_string(side.calls) +
+         ", \"ns_per_op\": " + json_number(side.median()) +
+         ", \"min_ns_per_op\": " + json_number(side.min()) +
+         ", \"max_ns_per_op\": " + json_number(side.max()) +
+         ", \"repetitions_ns_per_op\": " + json_numbers(side.ns_per_op) + "}";
+}
+
+std::string json_mode(const structure_kind& kind, const structure_mode& m) {
+  if (!m.available) return "{\"available\": false, \"reason\": " + json_string(m.reason) + "}";
+  return "{\"available\": true, \"backend\": " + json_string(m.backend) +
+         ",\n       \"percpu\": " + json_side(m.percpu) +
+         ",\n       \"alternative\": " + json_side(m.alternative) +
+         ",\n       \"ratio\": " + json_number(m.ratio(kind)) + "}";
+}
+
+std::string json_structures(const run_result& run) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < run.structures.size(); ++i) {
+    const structure_row& row = run.structures[i];
+    s += std::string(i ? "," : "") + "\n    {\"name\": " + json_string(row.kind->name) +
+         ", \"threads\": " + std::to_string(row.threads) +
+         ", \"label\": " + json_string(row.kind->label) +
+         ", \"alternative\": " + json_string(row.kind->alternative_label) +
+         ", \"ratio_is\": " +
+         json_string(row.kind->percpu_over_alternative ? "percpu/alternative"
+                                                       : "alternative/percpu") +
+         ",\n     \"with_rseq\": " + json_mode(*row.kind, row.with_rseq) +
+         ",\n     \"without_rseq\": " + json_mode(*row.kind, row.without_rseq) + "}";
+  }
+  return s + "]";
+}
+
 // --- SVG --------------------------------------------------------------------
 
 std::string xml_escape(const std::string& s) {
@@ -404,6 +528,13 @@ const char* svg_colour(const measurement& row) {
 std::string format_ns(double ns_per_call) { return printf_string("%.2f", ns_per_call); }
 
 void print_text(const run_result& run, std::FILE* out) {
+  if (run.opts.structures) {
+    std::fprintf(out, "percpu-bench --structures: percpu's structures, with and without rseq\n\n");
+    print_environment(run, out);
+    print_structures(run, out);
+    std::fprintf(out, "\nTotal run time: %.1f s\n", run.wall_seconds);
+    return;
+  }
   std::fprintf(out, "percpu-bench: which CPU am I on, and what does asking cost?\n\n");
   print_environment(run, out);
   print_glibc_table(run, out);
@@ -427,7 +558,8 @@ bool write_json(const run_result& run, const std::string& path, std::string* err
   s += "],\n  \"options\": {\"calls\": " + std::to_string(run.opts.calls) +
        ", \"repetitions\": " + std::to_string(run.opts.repetitions) +
        ", \"threads\": " + (run.opts.threads ? "true" : "false") +
-       ", \"clock\": " + json_string(run.opts.clock) + "},\n";
+       ", \"clock\": " + json_string(run.opts.clock) +
+       ", \"structures\": " + (run.opts.structures ? "true" : "false") + "},\n";
   s += "  \"environment\": {\"date\": " + json_string(e.date) +
        ", \"cpu_model\": " + json_string(e.cpu_model) +
        ", \"cpus_online\": " + std::to_string(e.cpus_online) +
@@ -450,6 +582,14 @@ bool write_json(const run_result& run, const std::string& path, std::string* err
          ", \"ratio\": " + json_number(checks[i].ratio) + ", \"met\": " +
          (checks[i].met ? "true" : "false") + "}";
   }
+  s += "],\n  \"structures\": " + json_structures(run) + ",\n  \"structures_bar\": [";
+  const std::vector<structure_bar> sbars = structure_bars(run);
+  for (std::size_t i = 0; i < sbars.size(); ++i) {
+    s += std::string(i ? ", " : "") + "{\"check\": " + json_string(sbars[i].text) +
+         ", \"ratios\": " + json_numbers(sbars[i].ratios) +
+         ", \"measured\": " + (sbars[i].measured ? "true" : "false") +
+         ", \"met\": " + (sbars[i].met ? "true" : "false") + "}";
+  }
   s += "],\n  \"disassembly\": [";
   for (std::size_t i = 0; i < run.listings.size(); ++i) {
     const disassembly& d = run.listings[i];
@@ -469,118 +609,187 @@ bool write_json(const run_result& run, const std::string& path, std::string* err
   return true;
 }
 
-bool write_svg(const run_result& run, const std::string& path, std::string* error) {
-  double lo = 1e300, hi = 0;
+namespace {
+
+// printf into a string of whatever length the result needs: the chart's
+// lines carry the CPU model, kernel and compiler, of any length.
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  va_list again;
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, fmt, args);
+  va_end(args);
+  std::string out(n > 0 ? static_cast<std::size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(&out[0], out.size() + 1, fmt, again);
+  va_end(again);
+  return out;
+}
+
+// One line of the chart: a heading, or a bar with its whiskers.
+struct svg_bar {
+  std::string label;
+  bool heading = false;
+  bool available = false;
+  std::string reason;
+  double value = 0, lo = 0, hi = 0;
+  std::string colour;
+  std::string note;  // after the figure
+};
+
+std::vector<svg_bar> seed_bars(const run_result& run) {
+  std::vector<svg_bar> bars;
+  bool arm64_heading = false;
+  if (!run.rows.empty() && run.rows.front().method->where == table::glibc) {
+    svg_bar h;
+    h.heading = true;
+    h.label = "glibc seed: each way of asking, per call";
+    bars.push_back(h);
+  }
   for (const measurement& row : run.rows) {
-    if (!row.available) continue;
-    lo = std::min(lo, row.min_ns_per_call());
-    hi = std::max(hi, row.max_ns_per_call());
+    if (row.method->where == table::arm64 && !arm64_heading) {
+      arm64_heading = true;
+      svg_bar h;
+      h.heading = true;
+      h.label = "arm64 seed: " + std::to_string(run.opts.calls) +
+                " calls of a noinline get_cpu_id(), per call";
+      bars.push_back(h);
+    }
+    svg_bar b;
+    b.label = svg_label(row);
+    b.available = row.available;
+    b.reason = row.reason;
+    if (row.available) {
+      b.value = row.ns_per_call();
+      b.lo = row.min_ns_per_call();
+      b.hi = row.max_ns_per_call();
+    }
+    b.colour = svg_colour(row);
+    if (row.method->is_baseline) b.note = " (baseline)";
+    if (row.method->is_limit) b.note = " (the limit)";
+    bars.push_back(b);
+  }
+  return bars;
+}
+
+std::vector<svg_bar> structure_svg_bars(const run_result& run) {
+  std::vector<svg_bar> bars;
+  for (const bool rseq : {true, false}) {
+    svg_bar h;
+    h.heading = true;
+    h.label = rseq ? "with rseq (this process)"
+                   : "without rseq (a child process whose rseq fails with ENOSYS)";
+    bars.push_back(h);
+    for (const structure_row& row : run.structures) {
+      const structure_mode& m = rseq ? row.with_rseq : row.without_rseq;
+      for (const bool percpu_side : {true, false}) {
+        const structure_side& side = percpu_side ? m.percpu : m.alternative;
+        svg_bar b;
+        b.label = std::string(percpu_side ? row.kind->label : row.kind->alternative_label) +
+                  ", " + std::to_string(row.threads) + (row.threads == 1 ? " thread" : " threads");
+        b.available = m.available && side.available;
+        b.reason = m.available ? side.reason : m.reason;
+        if (b.available) {
+          b.value = side.median();
+          b.lo = side.min();
+          b.hi = side.max();
+        }
+        b.colour = percpu_side ? "#1b7f5f" : "#6b6b6b";
+        if (percpu_side && m.ratio(*row.kind) > 0) {
+          b.note = format(" (ratio %.2fx)", m.ratio(*row.kind));
+        }
+        bars.push_back(b);
+      }
+    }
+  }
+  return bars;
+}
+
+}  // namespace
+
+bool write_svg(const run_result& run, const std::string& path, std::string* error) {
+  const std::vector<svg_bar> bars = run.opts.structures ? structure_svg_bars(run) : seed_bars(run);
+  double lo = 1e300, hi = 0;
+  for (const svg_bar& b : bars) {
+    if (b.heading || !b.available) continue;
+    lo = std::min(lo, b.lo);
+    hi = std::max(hi, b.hi);
   }
   if (hi <= 0) lo = 0.1, hi = 1;
   const double log_lo = std::floor(std::log10(lo));
   const double log_hi = std::max(log_lo + 1, std::ceil(std::log10(hi)));
-  const int label_w = 330, plot_x = 340, plot_w = 560, value_w = 180, row_h = 26, top = 112;
+  const int label_w = run.opts.structures ? 470 : 330;
+  const int plot_x = label_w + 10, plot_w = 560, value_w = 200, row_h = 26, top = 112;
   const int width = plot_x + plot_w + value_w;
-  int n_rows = 0;
-  bool arm64_heading = false;
-  for (const measurement& row : run.rows) {
-    ++n_rows;
-    if (row.method->where == table::arm64 && !arm64_heading) arm64_heading = true;
-  }
-  const int plot_h = row_h * (n_rows + (arm64_heading ? 1 : 0));
+  const int plot_h = row_h * static_cast<int>(bars.size());
   const int height = top + plot_h + 70;
   auto x_of = [&](double v) {
     const double f = (std::log10(std::max(v, std::pow(10.0, log_lo))) - log_lo) / (log_hi - log_lo);
     return plot_x + f * plot_w;
   };
-  std::string s;
-  char buf[512];
-  std::snprintf(buf, sizeof(buf),
-                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-                "viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n"
-                "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-                width, height, width, height);
-  s += buf;
-  s += "<text x=\"20\" y=\"30\" font-size=\"19\" font-weight=\"bold\">percpu-bench: "
-       "which CPU am I on? Nanoseconds per call (log scale, shorter is faster)</text>\n";
-  std::snprintf(buf, sizeof(buf),
-                "<text x=\"20\" y=\"52\" font-size=\"12\" fill=\"#444\">%s, %s %s, glibc %s, %s; "
-                "median of %d repetitions, whiskers min-max, %s clock%s</text>\n",
-                xml_escape(run.env.cpu_model).c_str(), xml_escape(run.env.kernel).c_str(),
-                xml_escape(run.env.machine).c_str(), xml_escape(run.env.glibc).c_str(),
-                xml_escape(run.env.date).c_str(), run.opts.repetitions,
-                run.opts.clock == "wall" ? "wall" : "thread CPU", run.opts.threads ? "; every CPU at once" : "");
-  s += buf;
-  std::snprintf(buf, sizeof(buf),
-                "<text x=\"20\" y=\"70\" font-size=\"12\" fill=\"#444\">rseq owner: %s, "
-                "cpu_id() backend: %s, compiler: %s</text>\n",
-                xml_escape(run.env.rseq_owner).c_str(), xml_escape(run.env.cpu_id_backend).c_str(),
-                xml_escape(run.env.compiler).c_str());
-  s += buf;
+  std::string s = format(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+      "viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n"
+      "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+      width, height, width, height);
+  s += run.opts.structures
+           ? "<text x=\"20\" y=\"30\" font-size=\"19\" font-weight=\"bold\">percpu-bench "
+             "--structures: nanoseconds per operation (log scale, shorter is faster)</text>\n"
+           : "<text x=\"20\" y=\"30\" font-size=\"19\" font-weight=\"bold\">percpu-bench: "
+             "which CPU am I on? Nanoseconds per call (log scale, shorter is faster)</text>\n";
+  s += "<text x=\"20\" y=\"52\" font-size=\"12\" fill=\"#444\">" +
+       xml_escape(run.env.cpu_model + ", " + run.env.kernel + " " + run.env.machine + ", glibc " +
+                  run.env.glibc + ", " + run.env.date) +
+       format("; median of %d repetitions, whiskers min-max, %s clock%s</text>\n",
+              run.opts.repetitions, run.opts.clock == "wall" ? "wall" : "thread CPU",
+              run.opts.threads ? "; every CPU at once" : "");
+  s += "<text x=\"20\" y=\"70\" font-size=\"12\" fill=\"#444\">" +
+       xml_escape("rseq owner: " + run.env.rseq_owner + ", cpu_id() backend: " +
+                  run.env.cpu_id_backend + ", compiler: " + run.env.compiler) +
+       "</text>\n";
   // Decade grid lines and their labels.
   for (double d = log_lo; d <= log_hi + 1e-9; d += 1) {
     const double x = plot_x + (d - log_lo) / (log_hi - log_lo) * plot_w;
-    const double v = std::pow(10.0, d);
-    std::snprintf(buf, sizeof(buf),
-                  "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ccc\"/>\n"
-                  "<text x=\"%.1f\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">%g ns</text>\n",
-                  x, top - 8, x, top + plot_h, x, top + plot_h + 18, v);
-    s += buf;
+    s += format(
+        "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ccc\"/>\n"
+        "<text x=\"%.1f\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">%g ns</text>\n",
+        x, top - 8, x, top + plot_h, x, top + plot_h + 18, std::pow(10.0, d));
   }
-  std::snprintf(buf, sizeof(buf),
-                "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\" fill=\"#444\">"
-                "ns per call, log scale</text>\n",
-                plot_x + plot_w / 2, top + plot_h + 38);
-  s += buf;
+  s += format("<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\" fill=\"#444\">"
+              "ns per %s, log scale</text>\n",
+              plot_x + plot_w / 2, top + plot_h + 38, run.opts.structures ? "operation" : "call");
   int y = top;
-  bool heading_done = false;
-  if (!run.rows.empty() && run.rows.front().method->where == table::glibc) {
-    s += "<text x=\"20\" y=\"" + std::to_string(y - 10) +
-         "\" font-size=\"13\" font-style=\"italic\">glibc seed: each way of asking, per "
-         "call</text>\n";
-  }
-  for (const measurement& row : run.rows) {
-    if (row.method->where == table::arm64 && !heading_done) {
-      heading_done = true;
-      std::snprintf(buf, sizeof(buf),
-                    "<text x=\"20\" y=\"%d\" font-size=\"13\" font-style=\"italic\">"
-                    "arm64 seed: %s calls of a noinline get_cpu_id(), per call</text>\n",
-                    y + 17, std::to_string(run.opts.calls).c_str());
-      s += buf;
-      y += row_h;
-    }
+  for (const svg_bar& b : bars) {
     const int mid = y + row_h / 2;
-    std::snprintf(buf, sizeof(buf),
-                  "<text x=\"%d\" y=\"%d\" font-size=\"13\" text-anchor=\"end\">%s</text>\n",
-                  label_w, mid + 5, xml_escape(svg_label(row)).c_str());
-    s += buf;
-    if (!row.available) {
-      std::snprintf(buf, sizeof(buf),
-                    "<text x=\"%d\" y=\"%d\" font-size=\"12\" fill=\"#a00\">n/a: %s</text>\n",
-                    plot_x + 6, mid + 5, xml_escape(row.reason).c_str());
-      s += buf;
+    if (b.heading) {
+      s += format("<text x=\"20\" y=\"%d\" font-size=\"13\" font-style=\"italic\">", mid + 5) +
+           xml_escape(b.label) + "</text>\n";
       y += row_h;
       continue;
     }
-    const double x_end = x_of(row.ns_per_call());
-    std::snprintf(buf, sizeof(buf),
-                  "<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n"
-                  "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n"
-                  "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n"
-                  "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n",
-                  plot_x, y + 4, std::max(1.0, x_end - plot_x), row_h - 8, svg_colour(row),
-                  x_of(row.min_ns_per_call()), mid, x_of(row.max_ns_per_call()), mid,
-                  x_of(row.min_ns_per_call()), mid - 4, x_of(row.min_ns_per_call()), mid + 4,
-                  x_of(row.max_ns_per_call()), mid - 4, x_of(row.max_ns_per_call()), mid + 4);
-    s += buf;
-    std::string value = format_ns(row.ns_per_call()) + " ns";
-    if (row.method->is_baseline) value += " (baseline)";
-    if (row.method->is_limit) value += " (the limit)";
-    std::snprintf(buf, sizeof(buf), "<text x=\"%.1f\" y=\"%d\" font-size=\"12\">%s</text>\n",
-                  std::max(x_end, x_of(row.max_ns_per_call())) + 6, mid + 4,
-                  xml_escape(value).c_str());
-    s += buf;
+    s += format("<text x=\"%d\" y=\"%d\" font-size=\"13\" text-anchor=\"end\">", label_w,
+                mid + 5) +
+         xml_escape(b.label) + "</text>\n";
+    if (!b.available) {
+      s += format("<text x=\"%d\" y=\"%d\" font-size=\"12\" fill=\"#a00\">n/a: ", plot_x + 6,
+                  mid + 5) +
+           xml_escape(b.reason) + "</text>\n";
+      y += row_h;
+      continue;
+    }
+    const double x_end = x_of(b.value);
+    s += format("<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n"
+                "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n"
+                "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n"
+                "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n",
+                plot_x, y + 4, std::max(1.0, x_end - plot_x), row_h - 8, b.colour.c_str(),
+                x_of(b.lo), mid, x_of(b.hi), mid, x_of(b.lo), mid - 4, x_of(b.lo), mid + 4,
+                x_of(b.hi), mid - 4, x_of(b.hi), mid + 4);
+    s += format("<text x=\"%.1f\" y=\"%d\" font-size=\"12\">",
+                std::max(x_end, x_of(b.hi)) + 6, mid + 4) +
+         xml_escape(format_ns(b.value) + " ns" + b.note) + "</text>\n";
     y += row_h;
   }
   s += "</svg>\n";

@@ -519,6 +519,79 @@ TEST_F(PercpuBenchFullRun, PythonParsesJsonAndSvg) {
 }
 
 // ---------------------------------------------------------------------------
+// --structures: every structure against its alternative, with and without
+// rseq, in the text, the JSON and the SVG.
+
+TEST(PercpuBenchStructures, TableJsonAndSvgHoldEveryRow) {
+  const std::string json_path = temp_path("percpu_bench_structures_json");
+  const std::string svg_path = temp_path("percpu_bench_structures_svg");
+  const run_output r = bench({"--structures", "--calls", "300", "--repetitions", "2", "--json",
+                              json_path, "--svg", svg_path});
+  ASSERT_EQ(r.status, 0) << r.err;
+  json root;
+  ASSERT_TRUE(json_reader(slurp(json_path)).parse(&root)) << slurp(json_path);
+  const std::string svg = slurp(svg_path);
+  unlink(json_path.c_str());
+  unlink(svg_path.c_str());
+  EXPECT_NE(r.out.find("2. percpu's structures against what they replace"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("The glibc seed's table"), std::string::npos) << "--structures replaces it";
+  EXPECT_TRUE(root["options"]["structures"].b);
+  EXPECT_TRUE(root["methods"].items.empty());
+
+  const std::vector<std::string> kinds = {"counter_add", "free_list_push_pop",
+                                          "object_pool_allocate_deallocate", "shared_mutex_read",
+                                          "ref_get_put"};
+  const json& rows = root["structures"];
+  ASSERT_EQ(rows.items.size(), kinds.size() * 2);
+  // This process's rseq decides whether the "with rseq" column can exist;
+  // the child without rseq must work everywhere the filter can be installed.
+  const bool have_rseq = percpu::backend() == percpu::cpu_backend::rseq;
+  for (std::size_t i = 0; i < rows.items.size(); ++i) {
+    const json& row = rows.items[i];
+    SCOPED_TRACE(row["name"].str + " x" + std::to_string(static_cast<int>(row["threads"].num)));
+    EXPECT_EQ(row["name"].str, kinds[i / 2]);
+    EXPECT_EQ(row["threads"].num, static_cast<double>(1 + i % 2));
+    for (const char* mode : {"with_rseq", "without_rseq"}) {
+      const json& m = row[mode];
+      const bool expected = std::string(mode) == "without_rseq" || have_rseq;
+      ASSERT_EQ(m["available"].b, expected) << mode << ": " << (m.has("reason") ? m["reason"].str : "");
+      if (!expected) continue;
+      EXPECT_EQ(m["backend"].str == "rseq", std::string(mode) == "with_rseq") << mode;
+      for (const char* side : {"percpu", "alternative"}) {
+        const json& s = m[side];
+        ASSERT_TRUE(s["available"].b) << mode << " " << side;
+        EXPECT_GT(s["ns_per_op"].num, 0);
+        EXPECT_LE(s["min_ns_per_op"].num, s["ns_per_op"].num);
+        EXPECT_GE(s["max_ns_per_op"].num, s["ns_per_op"].num);
+        EXPECT_EQ(s["repetitions_ns_per_op"].items.size(), 2u);
+        EXPECT_LE(s["calls_per_repetition"].num, 300);
+      }
+      EXPECT_GT(m["ratio"].num, 0);
+      // The printed table shows the same medians, on the row's own line.
+      const std::string line = line_starting(r.out, row["label"].str);
+      EXPECT_NE(r.out.find(two_decimals(m["percpu"]["ns_per_op"].num) + "  " +
+                           two_decimals(m["percpu"]["min_ns_per_op"].num) + "-"),
+                std::string::npos)
+          << line;
+      EXPECT_NE(svg.find(two_decimals(m["percpu"]["ns_per_op"].num) + " ns"), std::string::npos);
+      EXPECT_NE(svg.find(two_decimals(m["alternative"]["ns_per_op"].num) + " ns"),
+                std::string::npos);
+    }
+  }
+  EXPECT_EQ(root["structures_bar"].items.size(), kinds.size() * 2);
+  for (const json& b : root["structures_bar"].items) {
+    EXPECT_NE(r.out.find(b["check"].str), std::string::npos) << b["check"].str << " not printed";
+  }
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+}
+
+TEST(PercpuBenchStructures, RefusesThreadsAndOnly) {
+  EXPECT_EQ(bench({"--structures", "--threads"}).status, 2);
+  EXPECT_EQ(bench({"--structures", "--only", "cpu_id"}).status, 2);
+}
+
+// ---------------------------------------------------------------------------
 // --threads: every allowed CPU measures at once.
 
 TEST(PercpuBenchThreads, ReportsEveryAllowedCpu) {

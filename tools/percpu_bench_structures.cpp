@@ -1,0 +1,447 @@
+// --structures: percpu's structures against the plain alternatives they
+// replace, at one and two threads, with rseq (in this process) and without
+// it (in a child process of this same binary whose rseq(2) fails with
+// ENOSYS, as in a container with an older seccomp profile).
+//
+// Each figure is ns per operation on each thread's own clock; a repetition's
+// figure is the median over its threads. Repetitions are the outer loop, as
+// in the seed tables, so a slow drift in the machine's load hits a structure
+// and its alternative alike and their ratio stays fair.
+
+#include <errno.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <sstream>
+#include <thread>
+
+#include "percpu/counter.hpp"
+#include "percpu/cpu.hpp"
+#include "percpu/free_list.hpp"
+#include "percpu/object_pool.hpp"
+#include "percpu/ref.hpp"
+#include "percpu/shared_mutex.hpp"
+#include "tools/percpu_bench.hpp"
+#include "tools/seccomp_deny_rseq.hpp"
+
+extern "C" {
+void percpu_bench_loop_counter_add(std::uint64_t n);
+void percpu_bench_loop_per_cpu_atomic(std::uint64_t n);
+void percpu_bench_loop_free_list(std::uint64_t n);
+void percpu_bench_loop_mutex_vector_stack(std::uint64_t n);
+void percpu_bench_loop_object_pool(std::uint64_t n);
+void percpu_bench_loop_malloc(std::uint64_t n);
+void percpu_bench_loop_shared_mutex(std::uint64_t n);
+void percpu_bench_loop_std_shared_mutex(std::uint64_t n);
+void percpu_bench_loop_ref(std::uint64_t n);
+void percpu_bench_loop_atomic_refcount(std::uint64_t n);
+}
+
+namespace {
+
+// The objects every thread of a row works on, made on first use rather than
+// at static initialisation, which may run before the library's own statics
+// in another translation unit. Leaked on purpose: the structures register
+// fork handlers, and a destructor at exit could race a thread still running.
+percpu::counter g_counter;
+percpu::shared_mutex g_shared_mutex;
+
+struct alignas(64) padded_atomic {
+  std::atomic<std::int64_t> value{0};
+};
+struct vector_stack {
+  std::mutex mutex;
+  std::vector<percpu::free_list_node*> nodes;
+};
+constexpr std::size_t kObjectSize = 64;
+
+struct shared_objects {
+  padded_atomic* slots = new padded_atomic[static_cast<std::size_t>(percpu::max_cpus())];
+  percpu::free_list* list = new percpu::free_list;
+  vector_stack* stack = new vector_stack;
+  percpu::object_pool* pool = [] {
+    percpu::object_pool::options o;
+    o.object_size = kObjectSize;
+    // The alternative, glibc malloc, checks nothing on its fast path either.
+    o.checks = false;
+    return new percpu::object_pool(o);
+  }();
+  std::shared_mutex* std_shared_mutex = new std::shared_mutex;
+  percpu::ref* ref = new percpu::ref(nullptr);
+  padded_atomic* count = [] {
+    auto* c = new padded_atomic;
+    c->value = 1;
+    return c;
+  }();
+};
+
+shared_objects& objects() {
+  static shared_objects* o = new shared_objects;
+  return *o;
+}
+
+// Hands a pointer to the compiler as if it were used, so a malloc/free or
+// allocate/deallocate pair cannot be folded away.
+template <typename T>
+inline void keep(T*& p) {
+  asm volatile("" : "+r"(p));
+}
+
+}  // namespace
+
+extern "C" {
+
+void percpu_bench_loop_counter_add(std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) g_counter.add(1);
+}
+
+void percpu_bench_loop_per_cpu_atomic(std::uint64_t n) {
+  shared_objects& o = objects();
+  for (std::uint64_t i = 0; i < n; ++i) {
+    o.slots[percpu::cpu_id()].value.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+// Each thread brings one node of its own and deletes the one it holds at the
+// end (maybe another thread's: every push is followed by the same thread's
+// pop, so each thread holds exactly one node outside its push and pop, and no
+// node outlives the loops or is shared at the end).
+void percpu_bench_loop_free_list(std::uint64_t n) {
+  shared_objects& o = objects();
+  auto* mine = new percpu::free_list_node{};
+  for (std::uint64_t i = 0; i < n; ++i) {
+    o.list->push(mine);
+    // pop() may come back empty while another thread's steal holds the nodes
+    // for a moment (it never waits); that is part of its cost.
+    do {
+      mine = o.list->pop();
+    } while (mine == nullptr);
+  }
+  delete mine;
+}
+
+void percpu_bench_loop_mutex_vector_stack(std::uint64_t n) {
+  shared_objects& o = objects();
+  auto* mine = new percpu::free_list_node{};
+  for (std::uint64_t i = 0; i < n; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(o.stack->mutex);
+      o.stack->nodes.push_back(mine);
+    }
+    std::lock_guard<std::mutex> lock(o.stack->mutex);
+    mine = o.stack->nodes.back();
+    o.stack->nodes.pop_back();
+  }
+  delete mine;
+}
+
+void percpu_bench_loop_object_pool(std::uint64_t n) {
+  shared_objects& o = objects();
+  for (std::uint64_t i = 0; i < n; ++i) {
+    void* p = o.pool->allocate();
+    keep(p);
+    o.pool->deallocate(p);
+  }
+}
+
+void percpu_bench_loop_malloc(std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) {
+    void* p = std::malloc(kObjectSize);
+    keep(p);
+    std::free(p);
+  }
+}
+
+void percpu_bench_loop_shared_mutex(std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) {
+    g_shared_mutex.lock_shared();
+    g_shared_mutex.unlock_shared();
+  }
+}
+
+void percpu_bench_loop_std_shared_mutex(std::uint64_t n) {
+  shared_objects& o = objects();
+  for (std::uint64_t i = 0; i < n; ++i) {
+    o.std_shared_mutex->lock_shared();
+    o.std_shared_mutex->unlock_shared();
+  }
+}
+
+void percpu_bench_loop_ref(std::uint64_t n) {
+  shared_objects& o = objects();
+  for (std::uint64_t i = 0; i < n; ++i) {
+    o.ref->get();
+    o.ref->put();
+  }
+}
+
+// What a put must do on a plain reference count: the release half so the
+// last owner sees every other owner's writes, the acquire half for the last
+// owner itself.
+void percpu_bench_loop_atomic_refcount(std::uint64_t n) {
+  shared_objects& o = objects();
+  for (std::uint64_t i = 0; i < n; ++i) {
+    o.count->value.fetch_add(1, std::memory_order_relaxed);
+    o.count->value.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+}  // extern "C"
+
+namespace percpu {
+namespace bench {
+namespace {
+
+constexpr double kStructureProbeNs = 2e6;
+constexpr std::uint64_t kStructureMinCalls = 100;
+
+// The bars: percpu's own targets for its structures. The counter must beat
+// the best plain per-CPU counter clearly with rseq and stay near it without;
+// every other structure must at least match what it replaces.
+const std::vector<structure_kind> kKinds = {
+    {"counter_add", "percpu::counter::add(1)", "per-CPU-slot std::atomic fetch_add (relaxed)",
+     "counter::add / per-CPU-slot fetch_add", percpu_bench_loop_counter_add,
+     percpu_bench_loop_per_cpu_atomic, true, 0.43, 1.2},
+    {"free_list_push_pop", "percpu::free_list push+pop", "mutex-protected std::vector stack",
+     "mutex stack / free_list push+pop", percpu_bench_loop_free_list,
+     percpu_bench_loop_mutex_vector_stack, false, 1.0, 1.0},
+    {"object_pool_allocate_deallocate", "percpu::object_pool allocate+deallocate",
+     "glibc malloc+free (64 bytes)", "malloc+free / object_pool pair",
+     percpu_bench_loop_object_pool, percpu_bench_loop_malloc, false, 1.0, 1.0},
+    {"shared_mutex_read", "percpu::shared_mutex lock_shared+unlock_shared",
+     "std::shared_mutex lock_shared+unlock_shared", "std::shared_mutex / shared_mutex read",
+     percpu_bench_loop_shared_mutex, percpu_bench_loop_std_shared_mutex, false, 1.0, 1.0},
+    {"ref_get_put", "percpu::ref get+put", "atomic reference count fetch_add+fetch_sub",
+     "atomic count / ref get+put", percpu_bench_loop_ref, percpu_bench_loop_atomic_refcount,
+     false, 1.0, 1.0},
+};
+const std::vector<int> kThreadCounts = {1, 2};
+
+// Runs loop(n) on `threads` threads, each pinned to its own allowed CPU
+// while there are enough, all starting together after a short warm-up of
+// their own (a new thread's first operations set up its CPU's caches and,
+// without rseq, its thread slot). Returns each thread's ns per operation.
+std::vector<double> run_threads(loop_fn loop, std::uint64_t n, int threads) {
+  const std::vector<int> cpus = allowed_cpus();
+  std::vector<double> per_op(static_cast<std::size_t>(threads), 0);
+  barrier start(threads);
+  auto body = [&](int t) {
+    pin_guard pin(cpus.empty() ? -1 : cpus[static_cast<std::size_t>(t) % cpus.size()]);
+    loop(std::min<std::uint64_t>(n, kStructureMinCalls));
+    start.wait();
+    per_op[static_cast<std::size_t>(t)] = time_loop(loop, n) / static_cast<double>(n);
+  };
+  std::vector<std::thread> workers;
+  for (int t = 1; t < threads; ++t) workers.emplace_back(body, t);
+  body(0);
+  for (std::thread& w : workers) w.join();
+  return per_op;
+}
+
+// Operations per thread per repetition: --calls, or fewer so a repetition
+// fits the budget. Probed at the row's own thread count, since contention
+// can make an operation many times slower at two threads than at one.
+std::uint64_t fit_structure_calls(loop_fn loop, int threads, std::uint64_t cap) {
+  std::uint64_t n = std::min<std::uint64_t>(cap, kStructureMinCalls);
+  double per_op = median(run_threads(loop, n, threads));
+  while (per_op * static_cast<double>(n) < kStructureProbeNs && n < cap) {
+    n = std::min<std::uint64_t>(cap, n * 8);
+    per_op = median(run_threads(loop, n, threads));
+  }
+  const double fitted = kStructureBudgetNs / std::max(per_op, 1e-3);
+  if (fitted >= static_cast<double>(cap)) return cap;
+  return std::max<std::uint64_t>(std::min(cap, kStructureMinCalls),
+                                 static_cast<std::uint64_t>(fitted));
+}
+
+// Every kind at every thread count, in this process, into `mode` of each row.
+void measure_here(const options& opts, std::vector<structure_row>* rows,
+                  structure_mode structure_row::*mode) {
+  use_clock(opts);
+  for (structure_row& row : *rows) {
+    structure_mode& m = row.*mode;
+    m.available = true;
+    m.backend = to_string(backend());
+    for (structure_side* side : {&m.percpu, &m.alternative}) {
+      const loop_fn loop =
+          side == &m.percpu ? row.kind->percpu_loop : row.kind->alternative_loop;
+      side->available = true;
+      side->calls = fit_structure_calls(loop, row.threads, opts.calls);
+    }
+  }
+  for (int rep = 0; rep < opts.repetitions; ++rep) {
+    for (structure_row& row : *rows) {
+      structure_mode& m = row.*mode;
+      for (structure_side* side : {&m.percpu, &m.alternative}) {
+        const loop_fn loop =
+            side == &m.percpu ? row.kind->percpu_loop : row.kind->alternative_loop;
+        const std::vector<double> per_thread = run_threads(loop, side->calls, row.threads);
+        side->ns_per_op.push_back(median(per_thread));
+        side->all_ns_per_op.insert(side->all_ns_per_op.end(), per_thread.begin(),
+                                   per_thread.end());
+      }
+    }
+  }
+}
+
+std::vector<structure_row> empty_rows() {
+  std::vector<structure_row> rows;
+  for (const structure_kind& kind : kKinds) {
+    for (int threads : kThreadCounts) {
+      structure_row row;
+      row.kind = &kind;
+      row.threads = threads;
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+void mark_unavailable(std::vector<structure_row>* rows, structure_mode structure_row::*mode,
+                      const std::string& reason) {
+  for (structure_row& row : *rows) {
+    (row.*mode).available = false;
+    (row.*mode).reason = reason;
+  }
+}
+
+// The child's figures, one line per side:
+//   backend BACKEND
+//   side KIND THREADS percpu|alternative CALLS NS_PER_OP... ; ALL_NS_PER_OP...
+bool parse_child(const std::string& text, int repetitions, std::vector<structure_row>* rows) {
+  std::istringstream in(text);
+  std::string word, backend_name;
+  if (!(in >> word >> backend_name) || word != "backend") return false;
+  std::size_t seen = 0;
+  while (in >> word) {
+    if (word != "side") return false;
+    std::string kind, which;
+    int threads = 0;
+    std::uint64_t calls = 0;
+    if (!(in >> kind >> threads >> which >> calls)) return false;
+    std::vector<double> medians, all;
+    std::string value;
+    bool after_separator = false;
+    while (in >> value && value != "end") {
+      if (value == ";") {
+        after_separator = true;
+        continue;
+      }
+      (after_separator ? all : medians).push_back(std::strtod(value.c_str(), nullptr));
+    }
+    if (medians.size() != static_cast<std::size_t>(repetitions) || all.empty()) return false;
+    for (structure_row& row : *rows) {
+      if (kind != row.kind->name || threads != row.threads) continue;
+      structure_mode& m = row.without_rseq;
+      m.available = true;
+      m.backend = backend_name;
+      structure_side& side = which == "percpu" ? m.percpu : m.alternative;
+      side.available = true;
+      side.calls = calls;
+      side.ns_per_op = medians;
+      side.all_ns_per_op = all;
+      ++seen;
+    }
+  }
+  return seen == rows->size() * 2;
+}
+
+void measure_without_rseq(const options& opts, std::vector<structure_row>* rows) {
+  std::string out;
+  const int status = run_capture(
+      {self_path(), "--calls", std::to_string(opts.calls), "--repetitions",
+       std::to_string(opts.repetitions), "--clock", opts.clock, "--internal-child",
+       kStructuresDenyChild},
+      {}, false, &out);
+  if (status != 0 || !parse_child(out, opts.repetitions, rows)) {
+    mark_unavailable(rows, &structure_row::without_rseq,
+                     "the child process without rseq failed (status " + std::to_string(status) +
+                         ")");
+    return;
+  }
+  if (rows->front().without_rseq.backend == "rseq") {
+    mark_unavailable(rows, &structure_row::without_rseq,
+                     "the seccomp filter did not take rseq away from the child");
+  }
+}
+
+}  // namespace
+
+const std::vector<structure_kind>& structure_kinds() { return kKinds; }
+const std::vector<int>& structure_thread_counts() { return kThreadCounts; }
+
+double structure_side::median() const { return bench::median(ns_per_op); }
+double structure_side::min() const {
+  return all_ns_per_op.empty() ? 0 : *std::min_element(all_ns_per_op.begin(), all_ns_per_op.end());
+}
+double structure_side::max() const {
+  return all_ns_per_op.empty() ? 0 : *std::max_element(all_ns_per_op.begin(), all_ns_per_op.end());
+}
+
+double structure_mode::ratio(const structure_kind& kind) const {
+  if (!available || !percpu.available || !alternative.available) return 0;
+  const double p = percpu.median(), a = alternative.median();
+  if (p <= 0 || a <= 0) return 0;
+  return kind.percpu_over_alternative ? p / a : a / p;
+}
+
+std::vector<structure_row> measure_structures(const options& opts) {
+  std::vector<structure_row> rows = empty_rows();
+  if (backend() == cpu_backend::rseq) {
+    measure_here(opts, &rows, &structure_row::with_rseq);
+  } else {
+    mark_unavailable(&rows, &structure_row::with_rseq,
+                     std::string("this process has no rseq (cpu_id() backend: ") +
+                         to_string(backend()) + ")");
+  }
+  measure_without_rseq(opts, &rows);
+  return rows;
+}
+
+int run_structures_child(const options& opts) {
+  if (opts.child_row == kStructuresDenyChild) {
+    // The filter must be in place before glibc starts, which decides at
+    // start-up whether to register rseq: so it is installed here and the
+    // binary runs again, fresh, under it.
+    if (!tools::deny_rseq(ENOSYS)) {
+      std::perror("percpu-bench: installing the seccomp filter");
+      return 1;
+    }
+    std::vector<std::string> args = opts.argv;
+    for (std::string& a : args) {
+      if (a == kStructuresDenyChild) a = kStructuresChild;
+    }
+    const std::string self = self_path();
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(&a[0]);
+    argv.push_back(nullptr);
+    execv(self.c_str(), argv.data());
+    std::perror("percpu-bench: re-running itself without rseq");
+    return 1;
+  }
+  std::vector<structure_row> rows = empty_rows();
+  measure_here(opts, &rows, &structure_row::without_rseq);
+  std::printf("backend %s\n", to_string(backend()));
+  for (const structure_row& row : rows) {
+    const structure_mode& m = row.without_rseq;
+    for (const structure_side* side : {&m.percpu, &m.alternative}) {
+      std::printf("side %s %d %s %" PRIu64, row.kind->name, row.threads,
+                  side == &m.percpu ? "percpu" : "alternative", side->calls);
+      for (double v : side->ns_per_op) std::printf(" %.17g", v);
+      std::printf(" ;");
+      for (double v : side->all_ns_per_op) std::printf(" %.17g", v);
+      std::printf(" end\n");
+    }
+  }
+  return 0;
+}
+
+}  // namespace bench
+}  // namespace percpu
