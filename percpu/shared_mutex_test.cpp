@@ -396,11 +396,14 @@ TEST(SharedMutexStressTest, ForkWhileReadersHoldIt) {
 TEST(SharedMutexStressTest, ForkWhileAWriterWaits) {
   PERCPU_SKIP_MULTITHREADED_FORK();
   shared_mutex m;
-  std::atomic<int> reader_holds{0}, writer_in{0};
+  std::atomic<int> reader_holds{0}, release_reader{0}, writer_in{0};
   std::thread reader([&] {
     m.lock_shared();
     reader_holds.store(1);
-    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    while (release_reader.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Long enough that the fork below usually starts while the writer still
+    // waits; correct whichever comes first.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     m.unlock_shared();
   });
   while (reader_holds.load() == 0) std::this_thread::yield();
@@ -410,8 +413,16 @@ TEST(SharedMutexStressTest, ForkWhileAWriterWaits) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     m.unlock();
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Until the writer has announced itself, a new reader still gets in; once
+  // it has, new readers wait behind it. No sleep decides this, so a loaded
+  // machine cannot make the fork below come before the writer waits (and so
+  // hand the child the reader's lock, which nobody there would release).
+  while (m.try_lock_shared()) {
+    m.unlock_shared();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   EXPECT_EQ(writer_in.load(), 0) << "the writer must be waiting for the reader";
+  release_reader.store(1);
   const int status = stress::run_in_child([&m] { return child_uses(m); }, std::chrono::seconds(60));
   EXPECT_EQ(status, 0);
   reader.join();
