@@ -40,7 +40,7 @@ set -euo pipefail
 EXEC_GTEST_EXCLUDE=(CpuExec.WorksAfterExec '*DeathTest.*' 'HiddenSys.MaxCpusBoundsEveryIdWithoutSys'
                     'HiddenSys.MaxCpusFollowsASparsePossibleList')
 # gtest cases that qemu-user 7.2 itself cannot run (fork, then threads in the child).
-QEMU_GTEST_EXCLUDE=('*.ForkDuringHeavyUse')
+QEMU_GTEST_EXCLUDE=('*.ForkDuringHeavyUse' 'SharedMutexStressTest.ForkWhile*')
 # gtest cases that install a seccomp filter themselves (left out when qemu-user
 # refuses filters, as it does for seccomp_exec).
 SECCOMP_GTEST_EXCLUDE=()
@@ -82,12 +82,13 @@ cmake --build "$BUILD" -j2 || die "build failed"
 # What qemu-user does with rseq and seccomp, shown rather than assumed.
 seccomp_exec=$(find "$BUILD" -name seccomp_exec -type f -perm -u+x | head -n1)
 [[ -n $seccomp_exec ]] || die "seccomp_exec was not built"
-exclude='\.(glibc|own)$'
+# foreign_rseq_*: another registrant needs rseq, which qemu-user lacks.
+exclude='\.(glibc|own)$|foreign_rseq'
 if probe=$("$QEMU" -L "$SYSROOT" "$seccomp_exec" ENOSYS /bin/true 2>&1); then
   say "qemu-user installed a seccomp filter: running the seccomp variants too"
 else
   say "qemu-user cannot install seccomp filters (${probe##*: }): the .fallback and .seccomp_eperm variants run in the aarch64-system lane"
-  exclude='\.(glibc|own|fallback|seccomp_eperm)$'
+  exclude='\.(glibc|own|fallback|seccomp_eperm)$|foreign_rseq'
   SECCOMP_GTEST_EXCLUDE=('*.RseqAndFallbackThreadsOnTheSameSlots')
   say "so also leaving out ${SECCOMP_GTEST_EXCLUDE[*]} (it installs a per-thread filter; it runs in the aarch64-system lane)"
 fi
