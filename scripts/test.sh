@@ -101,7 +101,8 @@ lane_asan-ubsan() {
 lane_tsan() {
   # TSan cannot see the kernel restarting a critical section, so it would
   # misread the per-CPU slots' plain stores. On the fallback every shared
-  # write is an atomic it understands. Mode variants that demand rseq and the
+  # write is an atomic it understands. Mode variants that demand rseq, the
+  # other-registrant tests (they share a registered area's sections) and the
   # preload test (TSan's runtime cannot be preloaded under) are excluded.
   # The fork-under-load stress cases are left to the other lanes: TSan's
   # runtime cannot start threads in the child of a multithreaded fork.
@@ -112,7 +113,7 @@ lane_tsan() {
     "-DCMAKE_C_FLAGS=-fsanitize=thread" "-DCMAKE_CXX_FLAGS=-fsanitize=thread -Wno-tsan" \
     "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread" &&
     PERCPU_BACKEND=syscall TSAN_OPTIONS=halt_on_error=1 GTEST_FILTER='-*ForkDuringHeavyUse' \
-      run_ctest "$B" -E '\.(glibc|own)$|forced_|seccomp_eperm|preload|fast_path|consumer|example'
+      run_ctest "$B" -E '\.(glibc|own)$|forced_|seccomp_eperm|preload|fast_path|consumer|example|foreign_rseq'
 }
 
 # --fair-sched: valgrind runs one thread at a time, and its default lock lets
