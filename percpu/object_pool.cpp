@@ -119,17 +119,7 @@ object_pool::object_pool(const options& opts) {
     slots_[i].head = end();
     slots_[i].locker = 0;
   }
-  thread_slots_ = nullptr;
-  if (internal::thread_slots_usable()) {
-    thread_slots_ = new internal::thread_slot[internal::kThreadSlots];
-    for (int i = 0; i < internal::kThreadSlots; ++i) {
-      thread_slots_[i].head = end();
-      thread_slots_[i].aux = 0;
-      thread_slots_[i].busy = 0;
-      thread_slots_[i].revoked = 0;
-      thread_slots_[i].locker = 0;
-    }
-  }
+  thread_slots_ = internal::new_thread_slots(end());
   register_for_fork();
   // Cheap now if the program has not started threads yet; see slot_lock.hpp.
   (void)internal::prepare_remote_fences();

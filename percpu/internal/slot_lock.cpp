@@ -434,6 +434,13 @@ bool thread_slots_usable() noexcept {
 #endif
 }
 
+thread_slot* new_thread_slots(std::intptr_t empty) {
+  if (!thread_slots_usable()) return nullptr;
+  thread_slot* slots = new thread_slot[kThreadSlots];
+  for (int i = 0; i < kThreadSlots; ++i) slots[i] = thread_slot{empty, 0, 0, 0, 0};
+  return slots;
+}
+
 lock_result lock_thread_slot(thread_slot* slot) noexcept {
   if (!try_take(&slot->locker)) return lock_result::busy;
   __atomic_store_n(&slot->revoked, 1, __ATOMIC_SEQ_CST);

@@ -290,6 +290,10 @@ inline int thread_index() noexcept {
 }
 // Whether structures may use thread slots in this process.
 bool thread_slots_usable() noexcept;
+// A structure's array of kThreadSlots thread slots, each holding the empty
+// head `empty` and nothing else (release it with delete[]), or nullptr where
+// thread_slots_usable() is false.
+thread_slot* new_thread_slots(std::intptr_t empty);
 
 inline bool thread_slot_enter(thread_slot* slot) noexcept {
   if (__atomic_load_n(&slot->busy, __ATOMIC_RELAXED) != 0) return false;
