@@ -104,6 +104,7 @@ class ref : private internal::fork_participant {
   static constexpr std::int64_t kBias = std::int64_t{1} << 60;
   static constexpr std::int64_t kPoisoned = INT64_MIN;
 
+  bool add_local(std::intptr_t step) noexcept;
   void add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept;
   void add_to_count(std::int64_t delta, bool only_if_alive, bool* added) noexcept;
   void release_now() noexcept;
@@ -125,41 +126,33 @@ class ref : private internal::fork_participant {
   void* context_;
 };
 
-// The hot path: a compare-and-store of the CPU's rseq word, value + 2. A
-// locked word (kill() took it) or an unregistered thread goes to add_slow().
-inline void ref::get() noexcept {
+// The hot path: a compare-and-store of the CPU's rseq word, value plus
+// `step` (+2 for get, -2 for put). A locked word (kill() took it) or an
+// unregistered thread makes it report false, and the caller goes to
+// add_slow().
+inline bool ref::add_local(std::intptr_t step) noexcept {
   using internal::index_kind;
-  if (internal::rseq_area* area = internal::section_area()) {
-    const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-    if (__builtin_expect(static_cast<unsigned>(cpu) < static_cast<unsigned>(slot_count_), 1)) {
-      std::intptr_t* word = &slots_[cpu].rseq.head;
-      const std::intptr_t seen = *reinterpret_cast<volatile std::intptr_t*>(word);
-      if (__builtin_expect(seen != internal::kSlotLocked, 1) &&
-          __builtin_expect(internal::rseq_cmpeqv_storev<index_kind::cpu_id>(area, word, seen,
-                                                                              seen + 2, cpu) == 0,
-                           1)) {
-        return;
-      }
-    }
+  internal::rseq_area* area = internal::section_area();
+  if (area == nullptr) return false;
+  const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+  if (__builtin_expect(static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_), 0)) {
+    return false;
   }
+  std::intptr_t* word = &slots_[cpu].rseq.head;
+  const std::intptr_t seen = *reinterpret_cast<volatile std::intptr_t*>(word);
+  return __builtin_expect(seen != internal::kSlotLocked, 1) &&
+         __builtin_expect(internal::rseq_cmpeqv_storev<index_kind::cpu_id>(area, word, seen,
+                                                                             seen + step, cpu) == 0,
+                          1);
+}
+
+inline void ref::get() noexcept {
+  if (__builtin_expect(add_local(2), 1)) return;
   add_slow(1, false, nullptr);
 }
 
 inline void ref::put() noexcept {
-  using internal::index_kind;
-  if (internal::rseq_area* area = internal::section_area()) {
-    const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-    if (__builtin_expect(static_cast<unsigned>(cpu) < static_cast<unsigned>(slot_count_), 1)) {
-      std::intptr_t* word = &slots_[cpu].rseq.head;
-      const std::intptr_t seen = *reinterpret_cast<volatile std::intptr_t*>(word);
-      if (__builtin_expect(seen != internal::kSlotLocked, 1) &&
-          __builtin_expect(internal::rseq_cmpeqv_storev<index_kind::cpu_id>(area, word, seen,
-                                                                              seen - 2, cpu) == 0,
-                           1)) {
-        return;
-      }
-    }
-  }
+  if (__builtin_expect(add_local(-2), 1)) return;
   add_slow(-1, false, nullptr);
 }
 
