@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -30,6 +31,7 @@
 #include <cpuid.h>
 #endif
 
+#include "percpu/internal/environment.hpp"
 #include "percpu/internal/fallback.hpp"
 #include "percpu/internal/registration.hpp"
 #include "percpu/percpu.h"
@@ -209,6 +211,36 @@ TEST(CpuRegistration, OwnLengthFollowsTheFeatureSize) {
   EXPECT_EQ(own_registration_length_for(64, 64), 64u) << "a future feature size that still fits";
   EXPECT_EQ(own_registration_length_for(65, 128), 32u) << "more than the static area holds";
   EXPECT_EQ(own_registration_length_for(40, 128), 32u) << "an alignment the area lacks";
+}
+
+// Start-up reads PERCPU_* from the kernel's environment block when environ
+// is not set up yet; the scanner must find a variable at any position, in
+// pieces of any size, and never take a longer name or a value for a name.
+std::string scan_environment_block(const std::string& block, const char* name, std::size_t piece,
+                                   std::size_t size = 16) {
+  std::vector<char> buffer(size);
+  internal::environ_scanner scanner(name, buffer.data(), buffer.size());
+  for (std::size_t at = 0; at < block.size(); at += piece) {
+    if (!scanner.feed(block.data() + at, std::min(piece, block.size() - at))) break;
+  }
+  const char* value = scanner.value();
+  return value != nullptr ? std::string(value) : std::string("(unset)");
+}
+
+TEST(StartupEnvironment, FindsAVariableInAnEnvironmentBlock) {
+  const char raw[] = "HOME=/root\0PERCPU_BACKENDS=x\0X=PERCPU_BACKEND=no\0PERCPU_BACKEND=vdso\0"
+                     "PATH=/bin";
+  const std::string block(raw, sizeof(raw));
+  for (std::size_t piece : {1u, 3u, 7u, 512u}) {
+    EXPECT_EQ(scan_environment_block(block, "PERCPU_BACKEND", piece), "vdso") << piece;
+    EXPECT_EQ(scan_environment_block(block, "PATH", piece), "/bin") << piece;
+    EXPECT_EQ(scan_environment_block(block, "HOME", piece), "/root") << piece;
+    EXPECT_EQ(scan_environment_block(block, "PERCPU_RSEQ_SECTIONS", piece), "(unset)") << piece;
+    EXPECT_EQ(scan_environment_block(block, "PERCPU", piece), "(unset)") << piece;
+  }
+  EXPECT_EQ(scan_environment_block(block, "PERCPU_BACKEND", 5, 3), "vd") << "cut to the buffer";
+  EXPECT_EQ(scan_environment_block(std::string("A=1", 3), "A", 2), "1") << "no final NUL";
+  EXPECT_EQ(scan_environment_block(std::string(), "A", 1), "(unset)");
 }
 
 TEST(CpuRegistration, LengthMatchesTheMode) {

@@ -45,7 +45,6 @@
 //   with the program's privileges. Untraced calls pay nothing
 //   for the feature: the one check they make, that percpu is ready, is
 //   needed anyway.
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <unistd.h>
@@ -58,6 +57,7 @@
 
 #include "percpu/cpu.hpp"
 #include "percpu/internal/fallback.hpp"
+#include "percpu/internal/environment.hpp"
 #include "percpu/internal/registration.hpp"
 #include "percpu/percpu.h"
 
@@ -150,11 +150,6 @@ __attribute__((constructor(102))) void become_ready() {
   g_mode.store(mode, std::memory_order_release);
 }
 
-bool glibc_registered_rseq() {
-  const auto* size = static_cast<const unsigned*>(dlsym(RTLD_DEFAULT, "__rseq_size"));
-  return size != nullptr && *size != 0;
-}
-
 __attribute__((destructor)) void write_trace() {
   if (g_mode.load(std::memory_order_acquire) != kReadyTracing) return;
   const int saved_errno = errno;
@@ -164,7 +159,7 @@ __attribute__((destructor)) void write_trace() {
       "percpu_getcpu pid=%ld sched_getcpu=%lu sched_getcpu_rseq=%lu getcpu=%lu getcpu_rseq=%lu "
       "glibc_rseq=%d fallback=%s\n",
       static_cast<long>(getpid()), g_counts.sched_getcpu.load(), g_counts.sched_getcpu_rseq.load(),
-      g_counts.getcpu.load(), g_counts.getcpu_rseq.load(), glibc_registered_rseq() ? 1 : 0,
+      g_counts.getcpu.load(), g_counts.getcpu_rseq.load(), percpu::internal::glibc_registered_rseq(nullptr) ? 1 : 0,
       percpu::to_string(percpu::fallback_backend()));
   // O_APPEND keeps the lines of a parent and its children whole; O_NOFOLLOW
   // refuses a symbolic link planted at the path.

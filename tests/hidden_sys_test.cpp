@@ -17,7 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "percpu/cpu.hpp"
-#include "percpu/internal/registration.hpp"
+#include "percpu/internal/sysfs.hpp"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <cstdio>
 
 #include "percpu/cpu.hpp"
-#include "percpu/internal/registration.hpp"
+#include "percpu/internal/sysfs.hpp"
 
 int main() {
   const int max = percpu::max_cpus();

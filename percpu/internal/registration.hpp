@@ -1,10 +1,15 @@
-// Process-wide rseq state behind percpu/cpu.hpp, and the seams tests use.
+// Do not include directly; not a stable API (internal to percpu).
+//
+// Process-wide rseq state behind percpu/cpu.hpp, and the seams tests use:
+// start-up, who serves cpu_id(), the registration of each thread, and the
+// slow paths behind the inline fast paths (registration.cpp).
 //
 // Thread-safe and async-signal-safe throughout, except force_backend(), which
 // is a test seam: call it while no other thread uses percpu.
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 
 #include "percpu/cpu.hpp"
 #include "percpu/internal/rseq_abi.hpp"
@@ -89,18 +94,19 @@ int query_fallback(unsigned* cpu, unsigned* node) noexcept;
 // Why rseq is unavailable to the calling thread (an errno value), or 0.
 int rseq_registration_error() noexcept;
 
-// True in secure-execution mode (AT_SECURE: set-user-ID, set-group-ID or
-// file-capability programs). percpu then ignores every PERCPU_* variable.
-bool secure_execution() noexcept;
+// Whether glibc registered rseq for its threads (__rseq_size is non-zero),
+// and then, unless `area` is nullptr, the offset of glibc's area from the
+// thread pointer (__rseq_offset). Both symbols are looked up with dlsym in
+// dynamic programs (so nothing needs GLIBC_2.35), through weak references in
+// static ones. The one answer to that question in percpu and its preload.
+bool glibc_registered_rseq(std::intptr_t* area) noexcept;
 
-// One more than the highest CPU id in a kernel CPU list such as "0-3,8-11\n"
-// (the format of /sys/devices/system/cpu/possible), or 0 when `text` is not
-// such a list.
-int cpu_list_bound(const char* text) noexcept;
-
-// The number of bits in the kernel's cpumask (a bound on every CPU id it can
-// report), from the raw sched_getaffinity system call; 0 if it fails.
-int kernel_cpumask_bits() noexcept;
+// What the public queries of cpu.hpp answer for the calling thread:
+// backend(), fallback_backend(), rseq_ownership(), rseq_feature_size().
+cpu_backend thread_backend() noexcept;
+cpu_backend chosen_fallback() noexcept;
+rseq_owner thread_rseq_owner() noexcept;
+unsigned thread_rseq_feature_size() noexcept;
 
 }  // namespace internal
 }  // namespace percpu

@@ -1,0 +1,748 @@
+// Registration: how percpu decides who serves cpu_id(), registers threads,
+// and answers the slow paths (see percpu/internal/registration.hpp).
+//
+// Start-up (a priority-101 constructor, so before ordinary constructors):
+//   1. If glibc registered rseq (its __rseq_size is non-zero), the fast path
+//      reads glibc's area at __rseq_offset from the thread pointer. Both
+//      symbols are looked up with dlsym, so the library has no hard
+//      dependency on GLIBC_2.35 and loads on older glibc.
+//   2. Otherwise, on an architecture whose signature percpu knows, the fast
+//      path reads percpu's own static-TLS area. Each thread registers it on its
+//      first slow-path call; until then its cpu_id holds -1.
+//      A thread that another library registered first (percpu's attempt
+//      fails with EINVAL) shares that library's area if a published
+//      convention finds it (librseq's rseq_offset/rseq_size, or a
+//      __rseq_abi TLS symbol as tcmalloc and older librseq define) and the
+//      kernel confirms it is the thread's registration; that thread only.
+//   3. A fallback (RDPID, vDSO, syscall) is chosen once, for threads whose
+//      registration fails and for PERCPU_BACKEND=rdpid|vdso|syscall.
+//   4. On arm64 kernels that lost the abort on same-CPU preemption the
+//      structures take their no-rseq paths (PERCPU_RSEQ_SECTIONS overrides).
+// Every fast-path offset points into static TLS, so the same offset is right
+// for every thread, including threads that existed before the first call.
+
+#include "percpu/internal/registration.hpp"
+
+#include <dlfcn.h>
+#include <sys/auxv.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+
+#include "percpu/cpu.hpp"
+#include "percpu/internal/environment.hpp"
+#include "percpu/internal/fallback.hpp"
+#include "percpu/internal/rseq_abi.hpp"
+
+
+// glibc 2.35+ defines these; weak, so linking works against any glibc and a
+// missing definition reads as a null address. (In a dynamic link the version
+// reference they create is weak too: the library still loads on older glibc.)
+extern "C" {
+extern const unsigned int __rseq_size __attribute__((weak));
+extern const std::ptrdiff_t __rseq_offset __attribute__((weak));
+// librseq's convention for where a thread's area is, in static programs
+// (dynamic ones are asked through dlsym).
+extern const std::ptrdiff_t rseq_offset __attribute__((weak));
+extern const unsigned int rseq_size __attribute__((weak));
+}
+
+namespace percpu {
+namespace internal {
+
+// Constant-initialised to zero: see fast_path_offsets for why that is safe
+// before start-up.
+fast_path_offsets g_fast_path = {0, 0, 0, 0, 0, 0, 0, 0, false};
+
+namespace {
+
+// shared: another library registered the thread first, and percpu reads
+// (and, with the same signature, runs sections on) that library's area.
+enum class thread_registration : int { untried, trying, registered, shared, failed };
+
+// Static TLS (initial-exec), so each variable sits at one fixed offset from
+// the thread pointer in every thread, and a signal handler can touch it.
+// The kernel-owned fields hold -1 until the kernel writes them; that value is
+// only the initial image, never a store.
+#define PERCPU_STATIC_TLS __attribute__((tls_model("initial-exec")))
+thread_local own_rseq_area own_area PERCPU_STATIC_TLS = {{0, kCpuIdUninitialized, 0, 0, -1, -1}, {}};
+// Never registered: the fast path lands here when a fallback is forced.
+thread_local rseq_area unregistered_area PERCPU_STATIC_TLS = {0, kCpuIdUninitialized, 0, 0, -1, -1};
+thread_local thread_registration registration PERCPU_STATIC_TLS = thread_registration::untried;
+thread_local int registration_error PERCPU_STATIC_TLS = 0;
+// Another library's area this thread shares (thread_registration::shared),
+// the length it is registered with, and whether its signature is percpu's.
+thread_local rseq_area* shared_area PERCPU_STATIC_TLS = nullptr;
+thread_local unsigned shared_length PERCPU_STATIC_TLS = 0;
+thread_local bool shared_sections PERCPU_STATIC_TLS = false;
+
+}  // namespace
+
+__thread section_user t_section_state PERCPU_STATIC_TLS = section_user::unmarked;
+
+namespace {
+
+struct process_state {
+  // Who registers threads. Drops from percpu to none, once, when the kernel
+  // turns out to have no rseq at all, so later threads skip the attempt. A
+  // failure that may be the thread's own (a per-thread seccomp filter, an
+  // area another library registered) only ever concerns that thread.
+  std::atomic<rseq_owner> owner{rseq_owner::none};
+  std::intptr_t natural_area = 0;            // the area rseq would serve from
+  unsigned feature_size = 0;                 // bytes the kernel keeps current
+  unsigned own_length = kRegisteredLength;   // what percpu registers its area with
+  bool sections = true;                      // rseq_sections_enabled()
+  // Other registrants' conventions, resolved at start-up (dlsym is not
+  // async-signal-safe, and registration may run in a signal handler): the
+  // address of librseq's rseq_offset and rseq_size, and the thread-pointer
+  // offset of a __rseq_abi in static TLS.
+  const std::ptrdiff_t* librseq_offset = nullptr;
+  const unsigned* librseq_size = nullptr;
+  bool have_rseq_abi = false;
+  std::intptr_t rseq_abi_offset = 0;
+  cpu_backend fallback = cpu_backend::syscall;
+  vdso_getcpu_fn vdso_getcpu = nullptr;     // cached for the vdso fallback
+  int forced = -1;                           // a cpu_backend, or -1
+  std::atomic<bool> forced_rseq_warned{false};
+};
+process_state g_state;
+
+std::intptr_t tp_offset_of(const void* tls_object) {
+  return static_cast<const char*>(tls_object) - thread_pointer();
+}
+
+// One line on stderr, written with a single write(2): usable in a signal
+// handler and before main, and never interleaved with other threads' lines.
+void say(std::initializer_list<const char*> parts) noexcept {
+  char line[320];
+  std::size_t n = 0;
+  for (const char* part : {"percpu: "}) {
+    for (; *part != '\0' && n < sizeof(line) - 1; ++part) line[n++] = *part;
+  }
+  for (const char* part : parts) {
+    for (; *part != '\0' && n < sizeof(line) - 1; ++part) line[n++] = *part;
+  }
+  line[n++] = '\n';
+  const int saved_errno = errno;
+  ssize_t ignored = write(STDERR_FILENO, line, n);
+  (void)ignored;
+  errno = saved_errno;
+}
+
+int parse_backend(const char* name) {
+  for (cpu_backend b : {cpu_backend::rseq, cpu_backend::rdpid, cpu_backend::vdso,
+                        cpu_backend::syscall}) {
+    if (std::strcmp(name, to_string(b)) == 0) return static_cast<int>(b);
+  }
+  return -1;
+}
+
+const char* errno_name(int error) noexcept {
+  switch (error) {
+    case ENOSYS: return "ENOSYS";
+    case EPERM: return "EPERM";
+    case EINVAL: return "EINVAL";
+    case EBUSY: return "EBUSY";
+    case EFAULT: return "EFAULT";
+    default: return "an error";
+  }
+}
+
+// The first usable fallback at or after `first` in the order rdpid, vdso,
+// syscall. A forced choice that is unusable says so, once, on stderr.
+cpu_backend choose_fallback(cpu_backend first, bool forced) {
+  const cpu_backend order[] = {cpu_backend::rdpid, cpu_backend::vdso, cpu_backend::syscall};
+  const char* first_failure = nullptr;
+  cpu_backend chosen = cpu_backend::syscall;
+  bool started = false;
+  for (cpu_backend b : order) {
+    started = started || b == first;
+    if (!started) continue;
+    const char* why = nullptr;
+    if (fallback_usable(b, &why)) {
+      chosen = b;
+      break;
+    }
+    if (first_failure == nullptr) first_failure = why;
+  }
+  if (forced && chosen != first) {
+    say({"PERCPU_BACKEND=", to_string(first), " is unavailable here (",
+         first_failure != nullptr ? first_failure : "unknown reason", "); using ",
+         to_string(chosen)});
+  }
+  return chosen;
+}
+
+// Points the fast path at an area: reads of cpu_id, node_id and mm_cid go
+// there when the kernel fills them, and to a word that is always -1 (which
+// sends the caller to the slow path) when it does not.
+void aim_fast_path(std::intptr_t area, unsigned feature_size) {
+  const std::intptr_t always_negative = tp_offset_of(&unregistered_area.node_id);
+  g_fast_path.area = area;
+  g_fast_path.cpu_id = area + kCpuIdOffset;
+  g_fast_path.node_id = feature_size >= kFeatureSizeNodeId ? area + kNodeIdOffset : always_negative;
+  g_fast_path.concurrency_id =
+      feature_size >= kFeatureSizeMmCid ? area + kMmCidOffset : area + kCpuIdOffset;
+}
+
+// The last step of start-up: the bounds that let the fast paths accept what
+// they load. Stored after every offset, with release order, so a reader that
+// sees a bound (and so much as tests a loaded value against it) was handed
+// offsets that are set.
+void open_fast_path() {
+  g_fast_path.section_state = tp_offset_of(&t_section_state);
+  const auto limit = static_cast<std::uint32_t>(max_cpus());
+  __atomic_store_n(&g_fast_path.node_limit, 0x80000000u, __ATOMIC_RELEASE);
+  __atomic_store_n(&g_fast_path.section_limit, g_state.sections ? limit : 0u, __ATOMIC_RELEASE);
+  __atomic_store_n(&g_fast_path.cpu_limit, limit, __ATOMIC_RELEASE);
+}
+
+// Every change of owner or fallback goes through here, so the inline RDPID
+// shortcut never skips a registration that is still due.
+void set_owner_and_fallback(rseq_owner owner, cpu_backend fallback) {
+  g_state.fallback = fallback;
+  g_state.owner.store(owner, std::memory_order_relaxed);
+  g_fast_path.rdpid_inline = fallback == cpu_backend::rdpid && owner != rseq_owner::percpu;
+}
+
+void set_owner(rseq_owner owner) { set_owner_and_fallback(owner, g_state.fallback); }
+
+void aim_at_fallback() {
+  aim_fast_path(tp_offset_of(&unregistered_area), 0);
+}
+
+}  // namespace
+
+bool glibc_registered_rseq(std::intptr_t* area) noexcept {
+  // Dynamic programs: ask the loader, so nothing here needs GLIBC_2.35.
+  const auto* size = static_cast<const unsigned*>(dlsym(RTLD_DEFAULT, "__rseq_size"));
+  const auto* offset = static_cast<const std::ptrdiff_t*>(dlsym(RTLD_DEFAULT, "__rseq_offset"));
+  // Static programs have no dynamic symbol table to ask; there the weak
+  // references resolve at link time, to glibc's variables or to null.
+  if (size == nullptr || offset == nullptr) {
+    size = &__rseq_size != nullptr ? &__rseq_size : nullptr;
+    offset = &__rseq_offset != nullptr ? &__rseq_offset : nullptr;
+  }
+  if (size == nullptr || offset == nullptr || *size == 0) return false;
+  if (area != nullptr) *area = *offset;
+  return true;
+}
+
+namespace {
+
+// addresses are taken here; the values are read when a thread needs them,
+// since such a library may set them in a constructor that runs after this.
+void find_other_registrants() {
+  g_state.librseq_offset = static_cast<const std::ptrdiff_t*>(dlsym(RTLD_DEFAULT, "rseq_offset"));
+  g_state.librseq_size = static_cast<const unsigned*>(dlsym(RTLD_DEFAULT, "rseq_size"));
+  if (g_state.librseq_offset == nullptr || g_state.librseq_size == nullptr) {
+    g_state.librseq_offset = &rseq_offset != nullptr ? &rseq_offset : nullptr;
+    g_state.librseq_size = &rseq_size != nullptr ? &rseq_size : nullptr;
+  }
+  // A TLS symbol: dlsym answers with this thread's instance. Its offset from
+  // the thread pointer is every thread's when the defining object sits in
+  // static TLS; when it does not, the kernel's check in adopt_other_area()
+  // refuses the other threads' guesses, and they fall back.
+  if (void* abi = dlsym(RTLD_DEFAULT, "__rseq_abi")) {
+    g_state.have_rseq_abi = true;
+    g_state.rseq_abi_offset = tp_offset_of(abi);
+  }
+}
+
+// PERCPU_RSEQ_SECTIONS=on|off, or the kernel check.
+bool decide_sections() {
+  char value[8];
+  const char* forced = startup_env("PERCPU_RSEQ_SECTIONS", value, sizeof(value));
+  if (forced != nullptr && std::strcmp(forced, "on") == 0) return true;
+  if (forced != nullptr && std::strcmp(forced, "off") == 0) return false;
+  if (forced != nullptr) say({"PERCPU_RSEQ_SECTIONS=", forced, " is not on or off; ignoring it"});
+  struct utsname name;
+  if (uname(&name) != 0) return true;
+  if (!rseq_sections_broken_on(name.machine, name.release)) return true;
+  if (!secure_execution()) {
+    say({"Linux ", name.release, " on ", name.machine,
+         " may not abort rseq critical sections on same-CPU preemption; per-CPU "
+         "structures use their no-rseq paths (PERCPU_RSEQ_SECTIONS=on overrides)"});
+  }
+  return false;
+}
+
+void initialize_once() {
+  const unsigned long auxv_feature_size = getauxval(kAtRseqFeatureSize);
+  // Kernels before 6.3 have no AT_RSEQ_FEATURE_SIZE; they fill the original 20 bytes.
+  g_state.feature_size = auxv_feature_size != 0 ? static_cast<unsigned>(auxv_feature_size)
+                                                : kFeatureSizeOriginal;
+  g_state.own_length = own_registration_length_for(auxv_feature_size, getauxval(kAtRseqAlign));
+  g_state.sections = kArchHasRseq && decide_sections();
+
+  char backend_name[32];
+  const char* requested = startup_env("PERCPU_BACKEND", backend_name, sizeof(backend_name));
+  if (requested != nullptr && *requested != '\0') {
+    g_state.forced = parse_backend(requested);
+    if (g_state.forced < 0) {
+      say({"PERCPU_BACKEND=", requested, " is not one of rseq, rdpid, vdso, syscall; ignoring it"});
+    }
+  }
+
+  const bool forced_fallback = g_state.forced > static_cast<int>(cpu_backend::rseq);
+  g_state.fallback = choose_fallback(
+      forced_fallback ? static_cast<cpu_backend>(g_state.forced) : cpu_backend::rdpid,
+      forced_fallback);
+  g_state.vdso_getcpu = vdso_getcpu_function();
+  std::intptr_t area = 0;
+  if (glibc_registered_rseq(&area)) {
+    set_owner(rseq_owner::glibc);
+  } else if (kArchHasRseq) {
+    set_owner(rseq_owner::percpu);
+    area = tp_offset_of(&own_area);
+    find_other_registrants();
+  } else {
+    set_owner(rseq_owner::none);
+    area = tp_offset_of(&unregistered_area);
+    if (g_state.forced == static_cast<int>(cpu_backend::rseq)) {
+      say({"PERCPU_BACKEND=rseq is unavailable here (no rseq support for this architecture); using ",
+           to_string(g_state.fallback)});
+    }
+  }
+  g_state.natural_area = area;
+
+  if (forced_fallback) {
+    if (g_state.owner.load() == rseq_owner::percpu) set_owner(rseq_owner::none);
+    aim_at_fallback();
+  } else {
+    aim_fast_path(area, g_state.feature_size);
+  }
+  open_fast_path();
+}
+
+// Keeps the object that holds this code loaded for the rest of the process.
+// A plugin that links percpu statically and is dlclose'd would otherwise take
+// with it what the kernel still uses on every thread it touched: critical
+// section descriptors an area's rseq_cs may still point at, and (when percpu
+// registered) the static-TLS areas themselves. A no-op for the main program.
+// Not async-signal-safe (dlopen), so it runs from the constructor only; code
+// that runs before the constructor is still pinned when the constructor
+// runs, before the object can be unloaded.
+void pin_this_object() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&pin_this_object), &info) == 0 || info.dli_fname == nullptr ||
+      info.dli_fname[0] == '\0') {
+    return;
+  }
+  const int saved_errno = errno;
+  // RTLD_NOLOAD: only ever a reference to the object already loaded; the
+  // handle is kept for good.
+  void* handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
+  (void)handle;
+  errno = saved_errno;
+}
+
+__attribute__((constructor(101))) void initialize_at_load() {
+  (void)ensure_initialized();
+  pin_this_object();
+}
+
+}  // namespace
+
+// Normally the constructor has run before anyone asks. Code that runs earlier
+// (another library's constructor, an allocator called during start-up) gets
+// here through a slow path or the C API; a caller that interrupts the
+// initialisation itself (a signal handler) is told to use the system call.
+std::atomic<int> g_init_state{kInitNotStarted};
+
+bool initialize_now() noexcept {
+  int expected = kInitNotStarted;
+  if (g_init_state.compare_exchange_strong(expected, kInitRunning, std::memory_order_acq_rel)) {
+    initialize_once();
+    g_init_state.store(kInitDone, std::memory_order_release);
+    return true;
+  }
+  return g_init_state.load(std::memory_order_acquire) == kInitDone;
+}
+
+namespace {
+
+// Whether an ENOSYS from rseq may mean the kernel has none, rather than a
+// seccomp filter on one thread: only when nothing shows that it has rseq (a
+// kernel with rseq puts AT_RSEQ_FEATURE_SIZE in the auxiliary vector from
+// Linux 6.3 on) and no thread of this process has registered yet. Anything
+// else makes the failure the thread's own, and threads created later still
+// try.
+std::atomic<bool> g_some_thread_registered{false};
+bool kernel_may_lack_rseq() noexcept {
+  return getauxval(kAtRseqFeatureSize) == 0 &&
+         !g_some_thread_registered.load(std::memory_order_relaxed);
+}
+
+// Whether `area`, found through another library's convention, is the area
+// the kernel has registered for the calling thread: asking the kernel to
+// register it again with the same length answers EBUSY when the signature is
+// percpu's too, EPERM when it differs, and EINVAL for any other area or
+// length. Nothing changes in either case. Sets the length it matched and
+// whether percpu's sections may run on it.
+bool kernel_confirms(rseq_area* area, unsigned hint_length, unsigned* length, bool* same_signature) {
+  const unsigned lengths[] = {hint_length, kRegisteredLength, g_state.own_length};
+  for (unsigned candidate : lengths) {
+    if (candidate < kRegisteredLength) continue;
+    const long rc = syscall(SYS_rseq, area, candidate, 0, kRseqSignature);
+    if (rc == 0) {
+      // Nobody had registered this thread after all (it cannot happen after
+      // the EINVAL that brought us here, unless a signal handler unregistered
+      // in between): leave it as it was.
+      syscall(SYS_rseq, area, candidate, kRseqFlagUnregister, kRseqSignature);
+      return false;
+    }
+    if (errno == EBUSY || errno == EPERM) {
+      *length = candidate;
+      *same_signature = errno == EBUSY;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether `area` shows the CPU getcpu reports: a few tries, since the thread
+// may migrate between the two reads.
+bool shows_current_cpu(const rseq_area* area) {
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    const int before = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
+    unsigned cpu = 0;
+    if (raw_syscall_getcpu(&cpu, nullptr) != 0) return false;
+    const int after = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
+    if (before >= 0 && before == after && static_cast<unsigned>(before) == cpu) return true;
+  }
+  return false;
+}
+
+// After percpu's registration met another library's: finds that library's
+// area through the conventions found at start-up, and shares it for this
+// thread if the kernel confirms it is the thread's registration and it shows
+// the current CPU. Async-signal-safe: reads and system calls only.
+bool adopt_other_area() noexcept {
+  const int saved_errno = errno;
+  struct candidate {
+    bool present;
+    std::intptr_t offset;
+    unsigned length;
+  } candidates[2] = {{false, 0, 0}, {g_state.have_rseq_abi, g_state.rseq_abi_offset, 0}};
+  if (g_state.librseq_offset != nullptr && g_state.librseq_size != nullptr &&
+      *g_state.librseq_size != 0) {
+    candidates[0] = {true, *g_state.librseq_offset, *g_state.librseq_size};
+  }
+  bool adopted = false;
+  for (const candidate& c : candidates) {
+    if (!c.present) continue;
+    auto* area = reinterpret_cast<rseq_area*>(thread_pointer() + c.offset);
+    if (reinterpret_cast<std::uintptr_t>(area) % alignof(rseq_area) != 0) continue;
+    if (area == &own_area.area) continue;
+    unsigned length = 0;
+    bool same_signature = false;
+    if (!kernel_confirms(area, c.length, &length, &same_signature)) continue;
+    if (!shows_current_cpu(area)) continue;
+    shared_area = area;
+    shared_length = length;
+    shared_sections = same_signature;
+    adopted = true;
+    break;
+  }
+  errno = saved_errno;
+  return adopted;
+}
+
+// Registers the calling thread's own area. Re-entrant from a signal handler,
+// which may interrupt an attempt at any instruction. A handler that finds
+// `trying` makes an attempt of its own instead of going without rseq: the
+// thread is about to be registered, and a handler told "no rseq" here would
+// be the only code on a working kernel that never gets an area (glibc, which
+// registers before the thread runs, never shows such a gap). Both orders end
+// registered:
+//   - the handler runs before the thread's system call: the handler's call
+//     registers the area, and the thread's call then fails with EBUSY while
+//     the area is live, which counts as success below;
+//   - the handler runs after it: the kernel filled cpu_id on the way back to
+//     user space, so ensure_registered() answers before calling here.
+// A failure is final, and the same for every attempt on this thread; it
+// concerns this thread only, except an ENOSYS that says the kernel has no
+// rseq at all (kernel_may_lack_rseq()).
+bool register_this_thread() noexcept {
+  const thread_registration state = registration;
+  if (state == thread_registration::registered || state == thread_registration::shared) return true;
+  if (state == thread_registration::failed) return false;
+  registration = thread_registration::trying;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  const int saved_errno = errno;
+  // max(feature size, 32) bytes, as glibc 2.41+ registers: on Linux 7.0+ the
+  // kernel then runs the strict V2 mode, which glibc-owned threads get too,
+  // so percpu's own threads are held to the same rules (see
+  // own_registration_length_for()).
+  const long rc = syscall(SYS_rseq, &own_area, g_state.own_length, 0, kRseqSignature);
+  const int error = rc == 0 ? 0 : errno;
+  errno = saved_errno;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+
+  // EBUSY (same area, length and signature) with our area live means a
+  // signal handler that interrupted this attempt registered the area first.
+  // EINVAL means another area is registered for this thread: another
+  // library's, which percpu shares if it can find and verify it.
+  bool ok = error == 0 || (error == EBUSY && own_area.area.cpu_id >= 0);
+  const bool shared = !ok && error == EINVAL && adopt_other_area();
+  ok = ok || shared;
+  registration_error = ok ? 0 : error;
+  registration = shared ? thread_registration::shared
+                 : ok   ? thread_registration::registered
+                        : thread_registration::failed;
+  if (ok) g_some_thread_registered.store(true, std::memory_order_relaxed);
+  if (error == ENOSYS && kernel_may_lack_rseq()) set_owner(rseq_owner::none);
+  if (!ok && g_state.forced == static_cast<int>(cpu_backend::rseq) &&
+      !g_state.forced_rseq_warned.exchange(true)) {
+    say({"PERCPU_BACKEND=rseq is unavailable here (rseq registration failed with ",
+         errno_name(error), "); using ", to_string(g_state.fallback)});
+  }
+  return ok;
+}
+
+// The area whose ids the kernel keeps current for the calling thread, after
+// registering the thread if that is percpu's job and has not been tried yet:
+// the serving area (glibc's or percpu's own), another library's area this
+// thread shares, or nullptr.
+rseq_area* thread_rseq_area() noexcept {
+  if (!ensure_initialized()) return nullptr;
+  if (load_tp_relative_i32(g_fast_path.cpu_id) >= 0) return serving_rseq_area();
+  if (g_state.owner.load(std::memory_order_relaxed) != rseq_owner::percpu) return nullptr;
+  if (g_fast_path.area != tp_offset_of(&own_area)) return nullptr;
+  if (!register_this_thread()) return nullptr;
+  rseq_area* area = registration == thread_registration::shared ? shared_area : &own_area.area;
+  return *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id) >= 0 ? area : nullptr;
+}
+
+bool ensure_registered() noexcept { return thread_rseq_area() != nullptr; }
+
+}  // namespace
+
+int query_fallback(unsigned* cpu, unsigned* node) noexcept {
+  return fallback_query(g_state.fallback, cpu, node);
+}
+
+namespace {
+
+// Registration is percpu's job at most once per thread, so it stays out of
+// line; what remains inline is the fallback itself, which must cost little
+// more than the mechanism it wraps.
+__attribute__((noinline)) int cpu_id_after_registering() noexcept {
+  const rseq_area* area = thread_rseq_area();
+  return area != nullptr ? *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id) : -1;
+}
+
+__attribute__((noinline)) int cpu_id_from_syscall() noexcept {
+  unsigned cpu = 0;
+  return raw_syscall_getcpu(&cpu, nullptr) == 0 ? static_cast<int>(cpu) : 0;
+}
+
+}  // namespace
+
+namespace {
+
+// Every id percpu hands out is below max_cpus(), which bounds what the kernel
+// can report (see read_max_cpus). Should a kernel ever report more, the id is
+// folded into range rather than let a caller index past its array.
+int within_max_cpus(int id) noexcept {
+  const unsigned limit = static_cast<unsigned>(max_cpus());
+  const unsigned value = static_cast<unsigned>(id);
+  return static_cast<int>(value < limit ? value : value % limit);
+}
+
+int cpu_id_unbounded() noexcept {
+  if (!ensure_initialized()) return cpu_id_from_syscall();
+  if (g_state.owner.load(std::memory_order_relaxed) == rseq_owner::percpu) {
+    const int id = cpu_id_after_registering();
+    if (id >= 0) return id;
+  }
+  switch (g_state.fallback) {
+    case cpu_backend::rdpid:
+      return static_cast<int>(rdpid_tsc_aux() & kRdpidCpuMask);
+    case cpu_backend::vdso: {
+      unsigned cpu = 0;
+      if (g_state.vdso_getcpu(&cpu, nullptr, nullptr) == 0) return static_cast<int>(cpu);
+      break;
+    }
+    default:
+      break;
+  }
+  return cpu_id_from_syscall();
+}
+
+}  // namespace
+
+int cpu_id_slow() noexcept {
+  // A thread that shares another library's area comes here on every call
+  // (the inline path reads percpu's own, unregistered, area): answer it
+  // before anything else.
+  if (const rseq_area* area = shared_area) {
+    const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
+    if (within(id, g_fast_path.cpu_limit)) return id;
+  }
+  return within_max_cpus(cpu_id_unbounded());
+}
+
+int node_id_slow() noexcept {
+  // Before start-up thread_rseq_area() is nullptr and the fallback is still
+  // the system call.
+  const rseq_area* area = thread_rseq_area();
+  if (area != nullptr && g_state.feature_size >= kFeatureSizeNodeId) {
+    const int node = *reinterpret_cast<volatile const std::int32_t*>(&area->node_id);
+    if (node >= 0) return node;
+  }
+  unsigned node = 0;
+  return query_fallback(nullptr, &node) == 0 ? static_cast<int>(node) : 0;
+}
+
+int concurrency_id_slow() noexcept {
+  if (const rseq_area* area = thread_rseq_area()) {
+    const std::int32_t* field =
+        g_state.feature_size >= kFeatureSizeMmCid ? &area->mm_cid : &area->cpu_id;
+    const int id = *reinterpret_cast<volatile const std::int32_t*>(field);
+    if (id >= 0) return within_max_cpus(id);
+  }
+  return cpu_id_slow();
+}
+
+rseq_area* registered_rseq_area() noexcept {
+  rseq_area* area = thread_rseq_area();
+  if (area == nullptr || !g_state.sections) return nullptr;
+  if (area == shared_area && !shared_sections) return nullptr;
+  return area;
+}
+
+bool rseq_sections_enabled() noexcept {
+  return ensure_initialized() && g_state.sections;
+}
+
+namespace {
+
+// Leading decimal number of `text`, advancing it; -1 without digits.
+int parse_number(const char** text) {
+  int value = -1;
+  for (; **text >= '0' && **text <= '9'; ++*text) {
+    value = (value < 0 ? 0 : value * 10) + (**text - '0');
+    if (value > 1000000) return -1;
+  }
+  return value;
+}
+
+}  // namespace
+
+bool rseq_sections_broken_on(const char* machine, const char* release) noexcept {
+  if (machine == nullptr || release == nullptr || std::strcmp(machine, "aarch64") != 0) return false;
+  const char* p = release;
+  const int major = parse_number(&p);
+  if (major < 0 || *p != '.') return false;
+  ++p;
+  const int minor = parse_number(&p);
+  if (minor < 0) return false;
+  int patch = 0;
+  if (*p == '.') {
+    ++p;
+    patch = parse_number(&p);
+    if (patch < 0) return false;
+  }
+  const bool release_candidate = std::strncmp(p, "-rc", 3) == 0;
+  // The rewrite of 6.19 dropped the abort; 6.19.y was never known fixed. The
+  // fix reached 7.0.y with 7.0.14 (as MongoDB's and Docker's reports tell)
+  // and landed in the 7.1 cycle, so 7.1's release candidates count as broken
+  // too. Distribution kernels that backport the fix under an older number
+  // (Ubuntu's 7.0.0-N) are treated as broken: PERCPU_RSEQ_SECTIONS=on is for
+  // them.
+  if (major == 6 && minor == 19) return true;
+  if (major == 7 && minor == 0) return patch < 14;
+  if (major == 7 && minor == 1) return release_candidate;
+  return false;
+}
+
+unsigned own_registration_length_for(unsigned long feature_size, unsigned long align) noexcept {
+  const unsigned long length = feature_size > kRegisteredLength ? feature_size : kRegisteredLength;
+  const unsigned long needed_align = align > kRegisteredLength ? align : kRegisteredLength;
+  // A length beyond 32 needs alignment to AT_RSEQ_ALIGN; both must fit the
+  // static area.
+  if (length > sizeof(own_rseq_area) || needed_align > alignof(own_rseq_area)) {
+    return kRegisteredLength;
+  }
+  return static_cast<unsigned>(length);
+}
+
+unsigned rseq_registration_length() noexcept {
+  rseq_area* area = thread_rseq_area();
+  if (area == nullptr) return 0;
+  if (area == &own_area.area) return g_state.own_length;
+  if (area == shared_area) return shared_length;
+  // glibc's: ask the kernel (see kernel_confirms()).
+  const int saved_errno = errno;
+  unsigned length = 0;
+  bool same_signature = false;
+  const unsigned glibc_size = &__rseq_size != nullptr ? __rseq_size : 0;
+  const auto* size = static_cast<const unsigned*>(dlsym(RTLD_DEFAULT, "__rseq_size"));
+  if (!kernel_confirms(area, size != nullptr ? *size : glibc_size, &length, &same_signature)) {
+    length = 0;
+  }
+  errno = saved_errno;
+  return length;
+}
+
+int rseq_registration_error() noexcept {
+  if (ensure_registered()) return 0;
+  if (registration_error != 0) return registration_error;
+  return g_state.owner.load() == rseq_owner::glibc ? EPERM : ENOSYS;
+}
+
+bool force_backend(cpu_backend backend) noexcept {
+  if (backend == cpu_backend::rseq) {
+    if (g_state.natural_area == tp_offset_of(&unregistered_area)) return false;
+    g_state.forced = -1;
+    if (g_state.natural_area == tp_offset_of(&own_area)) set_owner(rseq_owner::percpu);
+    aim_fast_path(g_state.natural_area, g_state.feature_size);
+    if (!ensure_registered()) {
+      aim_at_fallback();
+      if (g_state.owner.load() == rseq_owner::percpu) set_owner(rseq_owner::none);
+      return false;
+    }
+    return true;
+  }
+  if (!fallback_usable(backend, nullptr)) return false;
+  g_state.forced = static_cast<int>(backend);
+  g_state.vdso_getcpu = vdso_getcpu_function();
+  set_owner_and_fallback(g_state.owner.load(), backend);
+  if (g_state.owner.load() == rseq_owner::percpu) set_owner(rseq_owner::none);
+  aim_at_fallback();
+  return true;
+}
+
+cpu_backend thread_backend() noexcept {
+  return ensure_registered() ? cpu_backend::rseq : g_state.fallback;
+}
+
+cpu_backend chosen_fallback() noexcept { return g_state.fallback; }
+
+rseq_owner thread_rseq_owner() noexcept {
+  // percpu "owns" rseq only if registration works here; ask on this thread.
+  if (g_state.owner == rseq_owner::percpu) {
+    const rseq_area* area = thread_rseq_area();
+    if (area != nullptr && area == shared_area) return rseq_owner::other;
+    if (area == nullptr && registration_error != 0) return rseq_owner::none;
+  }
+  return g_state.owner;
+}
+
+unsigned thread_rseq_feature_size() noexcept {
+  if (g_state.owner == rseq_owner::none) return 0;
+  if (g_state.owner == rseq_owner::percpu && !ensure_registered()) return 0;
+  return g_state.feature_size;
+}
+
+}  // namespace internal
+}  // namespace percpu
