@@ -1,6 +1,6 @@
 // Slow paths of percpu::object_pool: refill and spill in batches, the depot,
 // chunks, trim, fork, and the misuse checks. The cache protocol is argued in
-// percpu/internal/slot_lock.hpp and percpu/internal/rseq_list.hpp.
+// percpu/internal/slot_lock.hpp and percpu/internal/rseq_cs.hpp.
 
 #include "percpu/object_pool.hpp"
 #include "percpu/internal/fallback.hpp"

@@ -64,7 +64,6 @@
 
 #include "percpu/internal/cpu_list.hpp"
 #include "percpu/internal/rseq_cs.hpp"
-#include "percpu/internal/rseq_list.hpp"
 #include "percpu/internal/slot_lock.hpp"
 
 namespace percpu {
@@ -223,7 +222,7 @@ inline void object_pool::deallocate(void* p) noexcept {
       const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
       if (expect == internal::kSlotLocked) break;
       // Read outside the section, so it may be stale; the section re-checks
-      // it (see percpu/internal/rseq_list.hpp).
+      // it (see rseq_cmpeqv_cmpeqv_storev in percpu/internal/rseq_cs.hpp).
       const std::intptr_t depth = depth_of(expect);
       if (depth >= capacity_) break;  // full: spill a batch
       n->next = reinterpret_cast<node*>(expect);

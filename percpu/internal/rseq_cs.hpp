@@ -35,6 +35,21 @@
 //         *v = *(intptr_t*)(*v + voffp);                        the offset of "next"
 //       }
 //
+//   template <index_kind K>
+//   int rseq_cmpeqv_cmpeqv_storev(rseq_area* area, intptr_t* v, intptr_t expect,
+//                                 intptr_t* v2, intptr_t expect2, intptr_t newv,
+//                                 int index) noexcept;
+//       if (*v == expect && *v2 == expect2) *v = newv;          double compare, one store
+//
+//     Why the object pool needs it: its per-CPU caches are bounded, so every
+//     free object on a cache carries its depth. A push reads the head h and
+//     h's depth d outside the section, writes depth d + 1 into the new node,
+//     and commits only if the head is still h and h's depth is still d.
+//     Comparing the head alone would let h leave and come back at another
+//     depth in between (ABA on the depth); with both compared, a head that
+//     came back at the same depth sits on a list of the same length, so the
+//     new depth is exact.
+//
 // Return value of every operation:
 //    0  committed: the last store happened, on the CPU (or mm_cid) `index`.
 //    1  the comparison failed: nothing was stored (cmpnev_storeoffp_load may

@@ -38,5 +38,11 @@ inline int rseq_cmpnev_storeoffp_load(rseq_area*, std::intptr_t*, std::intptr_t,
   return -1;
 }
 
+template <index_kind K>
+inline int rseq_cmpeqv_cmpeqv_storev(rseq_area*, std::intptr_t*, std::intptr_t, std::intptr_t*,
+                                     std::intptr_t, std::intptr_t, int) noexcept {
+  return -1;
+}
+
 }  // namespace internal
 }  // namespace percpu
