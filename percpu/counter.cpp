@@ -48,7 +48,7 @@ std::int64_t read_rseq_word(const std::intptr_t* word) {
 }
 
 // rseq_area_for_sections(), except that a thread already known to have no
-// rseq (internal::section_user::no_rseq, which slot_lock.cpp sets and which
+// rseq (internal::section_user::no_rseq, which cpu_slots.cpp sets and which
 // is set here too, once start-up is over) is answered without the call that
 // asks about its registration: that call was most of the cost of an add
 // without rseq.

@@ -135,7 +135,7 @@ struct alignas(64) fast_path_offsets {
   std::intptr_t cpu_id;          // its cpu_id
   std::intptr_t node_id;         // its node_id, or a word that is always -1
   std::intptr_t concurrency_id;  // its mm_cid, or its cpu_id
-  std::intptr_t section_state;   // the thread's section-user word (slot_lock.hpp)
+  std::intptr_t section_state;   // the thread's section-user word (cpu_slots.hpp)
   std::uint32_t cpu_limit;       // max_cpus(): bounds cpu_id and concurrency_id
   std::uint32_t node_limit;      // bounds node_id
   // cpu_limit when the kernel aborts critical sections as documented, 0 when

@@ -1,6 +1,6 @@
 // Slow paths of percpu::free_list: threads without rseq, the overflow stack,
 // steals, take_all and fork. The protocol is argued in
-// percpu/internal/slot_lock.hpp.
+// percpu/internal/cpu_slots.hpp.
 
 #include "percpu/free_list.hpp"
 #include "percpu/internal/fallback.hpp"
@@ -39,7 +39,7 @@ free_list::free_list() : slot_count_(max_cpus()) {
   }
   thread_slots_ = internal::new_thread_slots(end());
   register_for_fork();
-  // Cheap now if the program has not started threads yet; see slot_lock.hpp.
+  // Cheap now if the program has not started threads yet; see cpu_slots.hpp.
   (void)internal::prepare_remote_fences();
 }
 
@@ -50,7 +50,7 @@ free_list::~free_list() {
 }
 
 // Waits for every flag while holding the ones already taken: safe by rule
-// R3 of percpu/internal/slot_lock.hpp (every holder finishes without waiting
+// R3 of percpu/internal/cpu_slots.hpp (every holder finishes without waiting
 // for anything).
 void free_list::before_fork() noexcept {
   for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);

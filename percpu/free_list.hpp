@@ -12,7 +12,7 @@
 //   Only sections running on a list's CPU modify that list, and each reads
 //   the head and stores the new head within one section: preemption,
 //   migration or a signal in between restart it. Other threads reach a list
-//   only by locking it (percpu/internal/slot_lock.hpp: exchange with a locked
+//   only by locking it (percpu/internal/cpu_slots.hpp: exchange with a locked
 //   marker, then a membarrier RSEQ fence on that CPU, then a re-check), which
 //   makes the owner sections bail out rather than race.
 //
@@ -26,7 +26,7 @@
 // Without rseq
 //   A thread without rseq (seccomp, valgrind, qemu-user, a forced fallback)
 //   keeps a list of its own in each free_list, a thread slot
-//   (percpu/internal/slot_lock.hpp): push and pop there are plain loads and
+//   (percpu/internal/thread_slots.hpp): push and pop there are plain loads and
 //   stores between a "busy" store and a check that no other thread has
 //   revoked the slot, with no atomic instruction and no system call. Other
 //   threads reach those nodes by stealing, which revokes the slot with one
@@ -52,9 +52,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "percpu/internal/cpu_list.hpp"
+#include "percpu/internal/cpu_slots.hpp"
+#include "percpu/internal/fork_registry.hpp"
 #include "percpu/internal/rseq_cs.hpp"
-#include "percpu/internal/slot_lock.hpp"
+#include "percpu/internal/side_stack.hpp"
+#include "percpu/internal/thread_slots.hpp"
 
 namespace percpu {
 

@@ -19,7 +19,8 @@
 #include <vector>
 
 #include "percpu/cpu.hpp"
-#include "percpu/internal/slot_lock.hpp"
+#include "percpu/internal/cpu_slots.hpp"
+#include "percpu/internal/thread_slots.hpp"
 #include "tests/stress/stress.hpp"
 
 namespace percpu {

@@ -1,6 +1,6 @@
 // Slow paths of percpu::object_pool: refill and spill in batches, the depot,
 // chunks, trim, fork, and the misuse checks. The cache protocol is argued in
-// percpu/internal/slot_lock.hpp and percpu/internal/rseq_cs.hpp.
+// percpu/internal/cpu_slots.hpp and percpu/internal/rseq_cs.hpp.
 
 #include "percpu/object_pool.hpp"
 #include "percpu/internal/fallback.hpp"
@@ -121,7 +121,7 @@ object_pool::object_pool(const options& opts) {
   }
   thread_slots_ = internal::new_thread_slots(end());
   register_for_fork();
-  // Cheap now if the program has not started threads yet; see slot_lock.hpp.
+  // Cheap now if the program has not started threads yet; see cpu_slots.hpp.
   (void)internal::prepare_remote_fences();
 }
 
@@ -137,7 +137,7 @@ object_pool::~object_pool() {
 }
 
 // Waits for every flag while holding the ones already taken: safe by rule
-// R3 of percpu/internal/slot_lock.hpp (every holder finishes without waiting
+// R3 of percpu/internal/cpu_slots.hpp (every holder finishes without waiting
 // for anything). The depot comes last only to keep it held for the shortest
 // time, so threads that wait for it (holding nothing) are kept waiting least.
 void object_pool::before_fork() noexcept {
@@ -157,7 +157,7 @@ void object_pool::after_fork() noexcept {
 // ---- depot ---------------------------------------------------------------
 
 // Waits for the depot only when this thread holds no other flag of percpu
-// (rule R1 of percpu/internal/slot_lock.hpp). False: the thread holds one
+// (rule R1 of percpu/internal/cpu_slots.hpp). False: the thread holds one
 // (it is a signal handler that interrupted a slow path, possibly this
 // depot's own holder) and the depot was busy; the caller must not wait.
 bool object_pool::depot_lock() noexcept { return internal::take_flag(&depot_flag_); }
@@ -452,7 +452,7 @@ void* object_pool::allocate_refill(bool has_sections) noexcept {
   if (result == nullptr) result = reinterpret_cast<node*>(internal::side_pop(&overflow_));
   if (result == nullptr) {
     // A handler that interrupted a flag holder on this thread, with the depot
-    // busy: waiting could deadlock (slot_lock.hpp, R1), so report nothing.
+    // busy: waiting could deadlock (cpu_slots.hpp, R1), so report nothing.
     if (!depot_lock()) return nullptr;
     node* last = nullptr;
     std::intptr_t got = 0;

@@ -18,7 +18,7 @@
 // Without rseq
 //   A thread without rseq (seccomp, valgrind, qemu-user, a forced fallback)
 //   has a cache of its own in each pool, a thread slot
-//   (percpu/internal/slot_lock.hpp), bounded like a CPU's cache: allocate and
+//   (percpu/internal/thread_slots.hpp), bounded like a CPU's cache: allocate and
 //   deallocate there are plain loads and stores between a "busy" store and a
 //   check that no other thread revoked the slot, with no atomic instruction
 //   and no system call, the way a malloc's thread cache works. A cache that
@@ -27,7 +27,7 @@
 //   membarrier command is missing, or beyond the thread slots' number of live
 //   threads, such a thread locks the cache of a CPU it ran on recently
 //   (internal::cpu_hint(): no getcpu per operation), with atomics, under the
-//   protocol of percpu/internal/slot_lock.hpp (a membarrier fence per
+//   protocol of percpu/internal/cpu_slots.hpp (a membarrier fence per
 //   operation only if some thread of the process does run sections); when
 //   that cache cannot be locked, it goes to the depot. Nothing waits for a
 //   cache another thread holds; the depot lock is held only for short batch
@@ -62,9 +62,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "percpu/internal/cpu_list.hpp"
+#include "percpu/internal/cpu_slots.hpp"
+#include "percpu/internal/fork_registry.hpp"
 #include "percpu/internal/rseq_cs.hpp"
-#include "percpu/internal/slot_lock.hpp"
+#include "percpu/internal/side_stack.hpp"
+#include "percpu/internal/thread_slots.hpp"
 
 namespace percpu {
 
@@ -180,7 +182,7 @@ class object_pool final : private internal::fork_participant {
   // free_list.hpp for why the terminator is not nullptr).
   node end_;
 
-  // The depot, behind depot_flag_ (a flag of percpu/internal/slot_lock.hpp).
+  // The depot, behind depot_flag_ (a flag of percpu/internal/cpu_slots.hpp).
   alignas(64) int depot_flag_;
   node* depot_free_;
   std::intptr_t depot_count_;

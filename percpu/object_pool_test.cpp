@@ -31,7 +31,7 @@
 
 #include "percpu/cpu.hpp"
 #include "percpu/free_list.hpp"
-#include "percpu/internal/slot_lock.hpp"
+#include "percpu/internal/cpu_slots.hpp"
 #include "tests/stress/stress.hpp"
 
 namespace percpu {

@@ -19,14 +19,14 @@
 //
 // Without rseq
 //   A thread without rseq adds to a word of its own, a thread slot
-//   (percpu/internal/slot_lock.hpp): a plain add between a "busy" store and a
+//   (percpu/internal/thread_slots.hpp): a plain add between a "busy" store and a
 //   check that kill() has not revoked the slot, no atomic instruction, no
 //   system call. kill() revokes every thread slot (one membarrier
 //   PRIVATE_EXPEDITED each) and folds it in. Where that command is missing,
 //   or beyond the thread slots' number of live threads, such a thread adds
 //   to an atomic word in the slot of a CPU it ran on recently (one
 //   compare-exchange on a line no other CPU writes). kill() takes each CPU
-//   slot with the remote-access protocol of percpu/internal/slot_lock.hpp:
+//   slot with the remote-access protocol of percpu/internal/cpu_slots.hpp:
 //   the rseq word by exchange and a membarrier fence of its CPU, the atomic
 //   word by exchange. Where the fence is unavailable (old kernel, seccomp,
 //   valgrind) the ref keeps rseq off its slots from construction and uses
@@ -56,8 +56,10 @@
 #include <cstdint>
 
 #include "percpu/cpu.hpp"
+#include "percpu/internal/cpu_slots.hpp"
+#include "percpu/internal/fork_registry.hpp"
 #include "percpu/internal/rseq_cs.hpp"
-#include "percpu/internal/slot_lock.hpp"
+#include "percpu/internal/thread_slots.hpp"
 
 namespace percpu {
 

@@ -67,7 +67,8 @@
 #include <cstdint>
 
 #include "percpu/counter.hpp"
-#include "percpu/internal/slot_lock.hpp"
+#include "percpu/internal/cpu_slots.hpp"
+#include "percpu/internal/fork_registry.hpp"
 
 #if defined(__SANITIZE_THREAD__)
 #define PERCPU_TSAN 1

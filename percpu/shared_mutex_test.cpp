@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "percpu/internal/slot_lock.hpp"
+#include "percpu/internal/cpu_slots.hpp"
 #include "tests/stress/stress.hpp"
 
 namespace percpu {

@@ -62,7 +62,7 @@
 #include "percpu/percpu.h"
 
 // Tells percpu's objects that this library uses no per-CPU structure, so
-// they register nothing with the kernel at load (see slot_lock.cpp). Local to
+// they register nothing with the kernel at load (see cpu_slots.cpp). Local to
 // this object through getcpu_preload.map.
 extern "C" const char percpu_internal_no_fences_at_load = 1;
 

@@ -69,7 +69,7 @@ inline rseq_area* serving_rseq_area() noexcept {
   return reinterpret_cast<rseq_area*>(thread_pointer() + g_fast_path.area);
 }
 
-// The calling thread's section-user state (see slot_lock.hpp), in static TLS
+// The calling thread's section-user state (see cpu_slots.hpp), in static TLS
 // beside percpu's rseq area. Inline code reads it through
 // g_fast_path.section_state and a fresh thread pointer, never through the
 // compiler's TLS access, which may keep a thread's address across a

@@ -1,6 +1,10 @@
-// How a thread that is not running an owner section may touch a per-CPU slot:
-// the remote-access protocol shared by percpu::free_list and
-// percpu::object_pool.
+// Do not include directly; not a stable API (internal to percpu).
+//
+// Per-CPU slots: the owner sections that update a slot on its own CPU, and
+// how a thread that is not running one may touch the slot (the remote-access
+// protocol shared by percpu::free_list and percpu::object_pool), with the
+// membarrier fences and the flags that protocol and its neighbours stand on
+// (side_stack.hpp, thread_slots.hpp, fork_registry.hpp).
 //
 // The problem
 //   A slot's head word is written by rseq sections of its CPU with plain
@@ -51,24 +55,11 @@
 //   backend) cheap and correct: in a process where no thread has rseq they
 //   lock with atomics only.
 //
-// Side stack
-//   A lock-free stack for nodes that cannot go to a slot right now (the slot
-//   is locked, possibly by the thread a signal handler interrupted). Any
-//   thread pushes with a CAS; only the holder of its `consumer` flag pops or
-//   takes everything, and it takes the flag with an exchange and never waits.
-//   With one consumer at a time, a pop's CAS cannot suffer ABA: the node it
-//   read as the head cannot leave the stack without that consumer.
-//
-// Fork
-//   Each structure registers itself (fork_participant); before fork percpu
-//   takes every participant's flags, so the child never inherits a slot that
-//   a thread which does not exist there holds.
-//
 // Flags, waiting, and why nothing deadlocks
-//   Every flag of every structure (slot lockers, side-stack consumers, the
-//   object_pool depot) is taken through take_flag / try_take_flag and given
-//   back through release_flag, which keep a per-thread count of the flags the
-//   thread holds. Three rules:
+//   Every flag of every structure (slot lockers, side-stack consumers,
+//   thread-slot lockers, the object_pool depot) is taken through take_flag /
+//   try_take_flag and given back through release_flag, which keep a
+//   per-thread count of the flags the thread holds. Three rules:
 //   R1. A thread waits for a flag only while it holds none (take_flag checks
 //       the count; with one held it makes a single attempt and reports
 //       failure). A signal handler that interrupted a holder therefore never
@@ -89,12 +80,8 @@
 //   So no cycle exists in the waits-for graph: the only threads that wait
 //   hold nothing (no one can wait for them), except the fork handler, which
 //   waits only for threads that do not wait. A signal handler on the forking
-//   thread itself sees its thread's count above zero and does not wait either.
-//   Registration of fork participants (a mutex, not a flag) is never done
-//   while holding a flag.
 //
-// Async-signal-safe: everything here except register/unregister of fork
-// participants and prepare_remote_fences.
+// Async-signal-safe: everything here except prepare_remote_fences.
 #pragma once
 
 #include <cstddef>
@@ -144,7 +131,7 @@ bool slot_fence_available() noexcept;
 // single user of the address space it skips the wait and costs a system call.
 // Registered lazily, the first trim(), steal or take_all() paid the stall.
 //
-// Where: percpu registers at load, from a constructor in slot_lock.cpp, which
+// Where: percpu registers at load, from a constructor in cpu_slots.cpp, which
 // is linked in exactly when a program uses free_list or object_pool (in a
 // shared build, always); a program is single-threaded then. The structures'
 // constructors call this again, for programs that create their first
@@ -225,139 +212,6 @@ unsigned long fence_count() noexcept;
 // sections may run).
 void simulate_missing_membarrier(bool on) noexcept;
 
-// ---- Thread slots: the path of threads without rseq -----------------------
-//
-// Why
-//   A thread without rseq cannot update a shared per-CPU slot without atomic
-//   read-modify-writes (two exchanges per lock_slot), which makes every
-//   operation slower than a mutex or malloc's thread cache. So each such
-//   thread gets a slot of its own in every structure, indexed by a small
-//   per-process thread index, and updates it with plain loads and stores.
-//
-// The owner protocol (thread_slot_enter / thread_slot_leave)
-//   The owner stores busy = 1, then (a compiler barrier only) reads revoked;
-//   if it is set, or busy was already 1 (a signal handler that interrupted
-//   its own thread's operation), the owner leaves the slot alone and takes
-//   the shared path. It ends with a release store of busy = 0.
-//
-// Remote access (lock_thread_slot / unlock_thread_slot)
-//   Steals, take_all, trim and kill take the slot's locker flag, store
-//   revoked = 1, issue barrier_all() (membarrier PRIVATE_EXPEDITED), then
-//   read busy. This is the asymmetric Dekker of shared_mutex: after the
-//   barrier, either the owner's busy = 1 is visible here or the owner's later
-//   read of revoked sees 1. busy = 1: report busy (never wait; the owner may
-//   be the thread this handler interrupted), clearing revoked. busy = 0: the
-//   slot is the locker's until unlock_thread_slot clears revoked.
-//   Without the membarrier command, thread slots are not used at all
-//   (thread_slots_usable() is false) and threads without rseq keep the
-//   locked per-CPU path. Under ThreadSanitizer, which cannot see membarrier
-//   order, they are not used either.
-//
-// Thread indexes
-//   thread_index() hands each thread the first free index of a process-wide
-//   table once, with a compare-and-swap; an index whose thread has exited
-//   (tgkill(pid, tid, 0) fails with ESRCH) is taken over, along with what
-//   its slots hold in every structure, which is exactly what a new owner of
-//   those slots should get. A forked child's thread keeps its index (a fork
-//   handler records its new tid); the parent's other indexes are free to be
-//   taken there. Beyond kThreadSlots live threads, later ones get -1 and keep
-//   the locked per-CPU path.
-//
-// Fork
-//   A structure's fork handler revokes every thread slot with one barrier and
-//   waits (rule R3: owners never wait while busy) until none is busy, so the
-//   child never inherits a slot in the middle of an update.
-constexpr int kThreadSlots = 128;
-
-struct alignas(64) thread_slot {
-  std::intptr_t head;  // owner: relaxed atomics while busy; lockers while revoked
-  std::intptr_t aux;   // a second word for the structure's own use, same rules
-  int busy;            // written only by the owning thread (and its handlers)
-  int revoked;         // written only by the holder of locker
-  int locker;          // a flag (see below)
-};
-
-// The calling thread's index in [0, kThreadSlots), or -1.
-// Async-signal-safe (the first call on a thread makes a few system calls).
-// Only for out-of-line slow paths: it reads TLS the compiler's way, which a
-// coroutine resumed on another thread must not have cached (cpu.hpp).
-extern __thread int t_thread_index_plus_one __attribute__((tls_model("initial-exec")));
-int claim_thread_index() noexcept;
-inline int thread_index() noexcept {
-  const int plus_one = t_thread_index_plus_one;
-  if (__builtin_expect(plus_one > 0, 1)) return plus_one - 1;
-  return plus_one < 0 ? -1 : claim_thread_index();
-}
-// Whether structures may use thread slots in this process.
-bool thread_slots_usable() noexcept;
-// A structure's array of kThreadSlots thread slots, each holding the empty
-// head `empty` and nothing else (release it with delete[]), or nullptr where
-// thread_slots_usable() is false.
-thread_slot* new_thread_slots(std::intptr_t empty);
-
-inline bool thread_slot_enter(thread_slot* slot) noexcept {
-  if (__atomic_load_n(&slot->busy, __ATOMIC_RELAXED) != 0) return false;
-  __atomic_store_n(&slot->busy, 1, __ATOMIC_RELAXED);
-  __atomic_signal_fence(__ATOMIC_SEQ_CST);  // the barrier_all() of a locker makes it a full fence
-  if (__builtin_expect(__atomic_load_n(&slot->revoked, __ATOMIC_RELAXED) == 0, 1)) return true;
-  __atomic_store_n(&slot->busy, 0, __ATOMIC_RELEASE);
-  return false;
-}
-inline void thread_slot_leave(thread_slot* slot) noexcept {
-  __atomic_store_n(&slot->busy, 0, __ATOMIC_RELEASE);
-}
-
-lock_result lock_thread_slot(thread_slot* slot) noexcept;
-void unlock_thread_slot(thread_slot* slot) noexcept;
-// Locks every slot of `slots` with one barrier instead of one each: takes
-// every locker flag, revokes all, fences once, then waits until no owner is
-// inside (owners never wait, rule R2). Only for callers outside signal
-// handlers whose slots' lockers nobody else takes meanwhile (ref::kill,
-// under its kill_busy_, which its fork handler takes too), so taking the
-// flags never actually waits while holding one (rule R1). False, with
-// nothing held, when the barrier fails.
-bool revoke_all_thread_slots(thread_slot* slots) noexcept;
-void restore_all_thread_slots(thread_slot* slots) noexcept;
-// Fork handler helpers (R3): revoke every slot of `slots` and wait until no
-// owner but the calling thread is inside; then undo.
-void revoke_thread_slots_for_fork(thread_slot* slots) noexcept;
-void restore_thread_slots_after_fork(thread_slot* slots) noexcept;
-
-// A node as the side stack sees it: the successor at offset 0.
-struct side_node {
-  side_node* next;
-};
-
-struct alignas(64) side_stack {
-  std::intptr_t head;  // side_node*, 0 when empty; atomics only
-  int consumer;        // 0 free, 1 held
-};
-
-// Pushes first..last (already linked through next) in one step.
-void side_push(side_stack* stack, side_node* first, side_node* last) noexcept;
-// Pops one node, or nullptr when empty or when another consumer is active.
-side_node* side_pop(side_stack* stack) noexcept;
-// Takes every node, or nullptr (empty, or another consumer is active).
-side_node* side_take_all(side_stack* stack) noexcept;
-
-// A structure whose flags must be held across fork().
-class fork_participant {
- public:
-  virtual void before_fork() noexcept = 0;  // take every flag, waiting if needed
-  virtual void after_fork() noexcept = 0;   // release them (parent and child)
-
- protected:
-  fork_participant() = default;
-  ~fork_participant() = default;
-  void register_for_fork() noexcept;
-  void unregister_for_fork() noexcept;
-
- private:
-  friend struct fork_registry;
-  fork_participant* prev_ = nullptr;
-  fork_participant* next_ = nullptr;
-};
-
 // The flags (see "Flags, waiting, and why nothing deadlocks" above). A flag
 // is an int, 0 free and 1 held, touched with atomics only.
 // One attempt; true when the caller now holds the flag.
@@ -369,12 +223,70 @@ void release_flag(int* flag) noexcept;
 // How many flags the calling thread holds (0 outside percpu's slow paths).
 int flags_held() noexcept;
 
+
 // The fork handler's waits (R3): take the flag even while holding others.
 void wait_for_locker(cpu_slot* slot) noexcept;
 void release_locker(cpu_slot* slot) noexcept;
-void wait_for_consumer(side_stack* stack) noexcept;
-void release_consumer(side_stack* stack) noexcept;
 void wait_for_flag(int* flag) noexcept;
+
+// The fork registry's hold on every flag (R3): between begin and end, other
+// threads' attempts to take a flag fail, so the fork handler waits only for
+// the holders of that moment; the calling thread's attempts succeed.
+void begin_fork_flags() noexcept;
+void end_fork_flags() noexcept;
+
+// ---- Owner sections on per-CPU lists --------------------------------------
+//
+// The two owner sections every per-CPU list of percpu is made of (the
+// free_list's lists and the object_pool's caches): pop the calling CPU's head,
+// and push a chain onto it. Each retries a bounded number of times and never
+// waits for a slot another thread holds. Both are async-signal-safe. A slot's
+// head holds a node address, the list's own end marker, or kSlotLocked while
+// a non-owner holds it.
+
+// Aborts (preemption, migration, signals) are rare, so a few tries almost
+// always commit; the bound keeps a thread that keeps being hit from spinning.
+constexpr int kListSectionTries = 16;
+
+// Pops the head of the list of the CPU `area`'s thread runs on, in one
+// section. True when it committed: *popped is the old head (the list's end
+// marker if it was empty). False when the thread cannot use its CPU's list
+// now: its CPU has no slot, a non-owner holds the slot, or every try aborted.
+inline bool pop_local_head(rseq_area* area, cpu_slot* slots, int slot_count, long next_offset,
+                           std::intptr_t* popped) noexcept {
+  for (int tries = 0; tries < kListSectionTries; ++tries) {
+    const int cpu = rseq_current_index<index_kind::cpu_id>(area);
+    if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count)) return false;
+    const int rc = rseq_cmpnev_storeoffp_load<index_kind::cpu_id>(area, &slots[cpu].head,
+                                                                  kSlotLocked, next_offset, popped, cpu);
+    if (rc == 0) return true;
+    if (rc == 1) return false;  // locked by a non-owner
+  }
+  return false;
+}
+
+// Pushes the chain first..last (linked through Node::next) onto the list of
+// the CPU `area`'s thread runs on, in one section. True when it committed;
+// false as for pop_local_head.
+template <class Node>
+inline bool push_local_chain(rseq_area* area, cpu_slot* slots, int slot_count, Node* first,
+                             Node* last) noexcept {
+  for (int tries = 0; tries < kListSectionTries; ++tries) {
+    const int cpu = rseq_current_index<index_kind::cpu_id>(area);
+    if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count)) return false;
+    std::intptr_t* head = &slots[cpu].head;
+    const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
+    if (expect == kSlotLocked) return false;
+    // Read outside the section, so it may be stale: the section's compare
+    // makes it commit only if the head is still `expect`.
+    last->next = reinterpret_cast<Node*>(expect);
+    if (rseq_cmpeqv_storev<index_kind::cpu_id>(area, head, expect,
+                                               reinterpret_cast<std::intptr_t>(first), cpu) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
 
 }  // namespace internal
 }  // namespace percpu

@@ -1,14 +1,12 @@
-// The remote-access protocol of percpu/internal/slot_lock.hpp: membarrier
-// fences, the section-user flag, the side stack and the fork registry.
+// Per-CPU slots (percpu/internal/cpu_slots.hpp): membarrier fences, the
+// flags, the section-user flag and the remote lock of a CPU's slot.
 
-#include "percpu/internal/slot_lock.hpp"
+#include "percpu/internal/cpu_slots.hpp"
 
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <linux/membarrier.h>
-#include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -196,6 +194,16 @@ int flags_held() noexcept { return t_flags_held; }
 
 void wait_for_flag(int* flag) noexcept { wait_for(flag); }
 
+void begin_fork_flags() noexcept {
+  t_forking = 1;
+  __atomic_store_n(&g_fork_pending, 1, __ATOMIC_SEQ_CST);
+}
+
+void end_fork_flags() noexcept {
+  __atomic_store_n(&g_fork_pending, 0, __ATOMIC_RELEASE);
+  t_forking = 0;
+}
+
 section_user mark_section_user() noexcept {
   if (t_section_state == section_user::forced_locked) return section_user::forced_locked;
   __atomic_store_n(&g_section_users, 1, __ATOMIC_SEQ_CST);
@@ -325,248 +333,6 @@ void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept {
 void wait_for_locker(cpu_slot* slot) noexcept { wait_for(&slot->locker); }
 
 void release_locker(cpu_slot* slot) noexcept { release(&slot->locker); }
-
-void wait_for_consumer(side_stack* stack) noexcept { wait_for(&stack->consumer); }
-
-void release_consumer(side_stack* stack) noexcept { release(&stack->consumer); }
-
-void side_push(side_stack* stack, side_node* first, side_node* last) noexcept {
-  std::intptr_t head = __atomic_load_n(&stack->head, __ATOMIC_RELAXED);
-  do {
-    last->next = reinterpret_cast<side_node*>(head);
-  } while (!__atomic_compare_exchange_n(&stack->head, &head, reinterpret_cast<std::intptr_t>(first),
-                                        true, __ATOMIC_RELEASE, __ATOMIC_RELAXED));
-}
-
-side_node* side_pop(side_stack* stack) noexcept {
-  if (__atomic_load_n(&stack->head, __ATOMIC_RELAXED) == 0) return nullptr;
-  if (!try_take(&stack->consumer)) return nullptr;
-  std::intptr_t head = __atomic_load_n(&stack->head, __ATOMIC_ACQUIRE);
-  side_node* node = nullptr;
-  while (head != 0) {
-    node = reinterpret_cast<side_node*>(head);
-    // Safe to read: only the consumer removes nodes, so `node` stays in the
-    // stack (possibly below newer pushes) until this CAS.
-    const std::intptr_t next = reinterpret_cast<std::intptr_t>(node->next);
-    if (__atomic_compare_exchange_n(&stack->head, &head, next, true, __ATOMIC_ACQUIRE,
-                                    __ATOMIC_ACQUIRE)) {
-      break;
-    }
-    node = nullptr;
-  }
-  release_consumer(stack);
-  return node;
-}
-
-side_node* side_take_all(side_stack* stack) noexcept {
-  if (__atomic_load_n(&stack->head, __ATOMIC_RELAXED) == 0) return nullptr;
-  if (!try_take(&stack->consumer)) return nullptr;
-  const std::intptr_t head = __atomic_exchange_n(&stack->head, 0, __ATOMIC_ACQUIRE);
-  release_consumer(stack);
-  return reinterpret_cast<side_node*>(head);
-}
-
-// ---- thread slots ------------------------------------------------------------
-
-namespace {
-
-// tid of the thread holding each index, 0 when free.
-int g_thread_owner[kThreadSlots];
-int claim_one_index() noexcept {
-  const int saved_errno = errno;
-  const int tid = static_cast<int>(syscall(SYS_gettid));
-  const int pid = getpid();
-  int found = -1;
-  for (int pass = 0; pass < 2 && found < 0; ++pass) {
-    for (int i = 0; i < kThreadSlots && found < 0; ++i) {
-      int owner = __atomic_load_n(&g_thread_owner[i], __ATOMIC_RELAXED);
-      if (pass == 0 ? owner != 0 : owner == 0) continue;
-      // Second pass: take over the index of a thread that has exited.
-      if (pass == 1 && !(syscall(SYS_tgkill, pid, owner, 0) != 0 && errno == ESRCH)) continue;
-      if (__atomic_compare_exchange_n(&g_thread_owner[i], &owner, tid, false, __ATOMIC_ACQ_REL,
-                                      __ATOMIC_RELAXED)) {
-        found = i;
-      }
-    }
-  }
-  errno = saved_errno;
-  return found;
-}
-
-// In a forked child the thread is new (a new tid) but keeps its TLS, so its
-// index must name it, or another thread of the child would take it over.
-void thread_index_after_fork_in_child() noexcept {
-  const int plus_one = t_thread_index_plus_one;
-  if (plus_one > 0) {
-    const int saved_errno = errno;
-    __atomic_store_n(&g_thread_owner[plus_one - 1], static_cast<int>(syscall(SYS_gettid)),
-                     __ATOMIC_RELEASE);
-    errno = saved_errno;
-  }
-}
-
-__attribute__((constructor(102))) void thread_slots_at_load() {
-  pthread_atfork(nullptr, nullptr, &thread_index_after_fork_in_child);
-}
-
-}  // namespace
-
-// The calling thread's index plus one; 0 not asked yet, -1 none available.
-__thread int t_thread_index_plus_one __attribute__((tls_model("initial-exec"))) = 0;
-
-int claim_thread_index() noexcept {
-  const int index = claim_one_index();
-  t_thread_index_plus_one = index >= 0 ? index + 1 : -1;
-  return index;
-}
-
-bool thread_slots_usable() noexcept {
-#if defined(__SANITIZE_THREAD__)
-  return false;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-  return false;
-#else
-  return barrier_available();
-#endif
-#else
-  return barrier_available();
-#endif
-}
-
-thread_slot* new_thread_slots(std::intptr_t empty) {
-  if (!thread_slots_usable()) return nullptr;
-  thread_slot* slots = new thread_slot[kThreadSlots];
-  for (int i = 0; i < kThreadSlots; ++i) slots[i] = thread_slot{empty, 0, 0, 0, 0};
-  return slots;
-}
-
-lock_result lock_thread_slot(thread_slot* slot) noexcept {
-  if (!try_take(&slot->locker)) return lock_result::busy;
-  __atomic_store_n(&slot->revoked, 1, __ATOMIC_SEQ_CST);
-  if (!barrier_all()) {
-    __atomic_store_n(&slot->revoked, 0, __ATOMIC_RELEASE);
-    release(&slot->locker);
-    return lock_result::refused;
-  }
-  if (__atomic_load_n(&slot->busy, __ATOMIC_ACQUIRE) != 0) {
-    __atomic_store_n(&slot->revoked, 0, __ATOMIC_RELEASE);
-    release(&slot->locker);
-    return lock_result::busy;
-  }
-  return lock_result::acquired;
-}
-
-void unlock_thread_slot(thread_slot* slot) noexcept {
-  __atomic_store_n(&slot->revoked, 0, __ATOMIC_RELEASE);
-  release(&slot->locker);
-}
-
-bool revoke_all_thread_slots(thread_slot* slots) noexcept {
-  for (int i = 0; i < kThreadSlots; ++i) {
-    wait_for(&slots[i].locker);
-    __atomic_store_n(&slots[i].revoked, 1, __ATOMIC_SEQ_CST);
-  }
-  if (!barrier_all()) {
-    restore_all_thread_slots(slots);
-    return false;
-  }
-  for (int i = 0; i < kThreadSlots; ++i) {
-    while (__atomic_load_n(&slots[i].busy, __ATOMIC_ACQUIRE) != 0) sched_yield();
-  }
-  return true;
-}
-
-void restore_all_thread_slots(thread_slot* slots) noexcept {
-  for (int i = 0; i < kThreadSlots; ++i) unlock_thread_slot(&slots[i]);
-}
-
-namespace {
-// The process that forks, so the handler after fork knows it runs in a child.
-int g_forking_pid = 0;
-}  // namespace
-
-void revoke_thread_slots_for_fork(thread_slot* slots) noexcept {
-  __atomic_store_n(&g_forking_pid, getpid(), __ATOMIC_RELAXED);
-  for (int i = 0; i < kThreadSlots; ++i) {
-    wait_for(&slots[i].locker);
-    __atomic_store_n(&slots[i].revoked, 1, __ATOMIC_SEQ_CST);
-  }
-  if (!barrier_all()) __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  const int self = t_thread_index_plus_one - 1;  // its own slot may be busy below this handler
-  for (int i = 0; i < kThreadSlots; ++i) {
-    if (i == self) continue;
-    for (int spins = 0; __atomic_load_n(&slots[i].busy, __ATOMIC_ACQUIRE) != 0; ++spins) {
-      if (spins > 64) sched_yield();
-    }
-  }
-}
-
-void restore_thread_slots_after_fork(thread_slot* slots) noexcept {
-  // An owner that found its slot revoked stores busy = 1 and then 0 again;
-  // a fork between the two leaves busy set in the child, where that thread
-  // does not exist, and lockers there would find the slot busy for ever. The
-  // child has no other thread, so every busy but its own is stale.
-  const bool child = getpid() != __atomic_load_n(&g_forking_pid, __ATOMIC_RELAXED);
-  const int self = t_thread_index_plus_one - 1;
-  for (int i = 0; i < kThreadSlots; ++i) {
-    if (child && i != self) __atomic_store_n(&slots[i].busy, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&slots[i].revoked, 0, __ATOMIC_RELEASE);
-    release(&slots[i].locker);
-  }
-}
-
-// The fork registry: a list of participants behind a mutex, and one set of
-// pthread_atfork handlers that walk it.
-struct fork_registry {
-  static pthread_mutex_t mutex;
-  static fork_participant* first;
-
-  static void prepare() noexcept {
-    pthread_mutex_lock(&mutex);
-    t_forking = 1;
-    __atomic_store_n(&g_fork_pending, 1, __ATOMIC_SEQ_CST);
-    for (fork_participant* p = first; p != nullptr; p = p->next_) p->before_fork();
-  }
-  static void release() noexcept {
-    for (fork_participant* p = first; p != nullptr; p = p->next_) p->after_fork();
-    __atomic_store_n(&g_fork_pending, 0, __ATOMIC_RELEASE);
-    t_forking = 0;
-    pthread_mutex_unlock(&mutex);
-  }
-  static void install() noexcept {
-    static const bool installed = [] {
-      pthread_atfork(&fork_registry::prepare, &fork_registry::release, &fork_registry::release);
-      return true;
-    }();
-    (void)installed;
-  }
-};
-
-pthread_mutex_t fork_registry::mutex = PTHREAD_MUTEX_INITIALIZER;
-fork_participant* fork_registry::first = nullptr;
-
-void fork_participant::register_for_fork() noexcept {
-  fork_registry::install();
-  pthread_mutex_lock(&fork_registry::mutex);
-  next_ = fork_registry::first;
-  prev_ = nullptr;
-  if (next_ != nullptr) next_->prev_ = this;
-  fork_registry::first = this;
-  pthread_mutex_unlock(&fork_registry::mutex);
-}
-
-void fork_participant::unregister_for_fork() noexcept {
-  pthread_mutex_lock(&fork_registry::mutex);
-  if (prev_ != nullptr) {
-    prev_->next_ = next_;
-  } else {
-    fork_registry::first = next_;
-  }
-  if (next_ != nullptr) next_->prev_ = prev_;
-  prev_ = next_ = nullptr;
-  pthread_mutex_unlock(&fork_registry::mutex);
-}
 
 }  // namespace internal
 }  // namespace percpu

@@ -1,0 +1,36 @@
+// Do not include directly; not a stable API (internal to percpu).
+//
+// The fork registry.
+//
+//   Each structure registers itself (fork_participant); before fork percpu
+//   takes every participant's flags, so the child never inherits a slot that
+//   a thread which does not exist there holds.
+//   The waits of the fork handler are rule R3 of cpu_slots.hpp.
+//
+// Not async-signal-safe: registration takes a mutex. Never register or
+// unregister while holding a flag.
+#pragma once
+
+namespace percpu {
+namespace internal {
+
+// A structure whose flags must be held across fork().
+class fork_participant {
+ public:
+  virtual void before_fork() noexcept = 0;  // take every flag, waiting if needed
+  virtual void after_fork() noexcept = 0;   // release them (parent and child)
+
+ protected:
+  fork_participant() = default;
+  ~fork_participant() = default;
+  void register_for_fork() noexcept;
+  void unregister_for_fork() noexcept;
+
+ private:
+  friend struct fork_registry;
+  fork_participant* prev_ = nullptr;
+  fork_participant* next_ = nullptr;
+};
+
+}  // namespace internal
+}  // namespace percpu

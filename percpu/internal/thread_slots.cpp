@@ -1,0 +1,165 @@
+// Thread slots of percpu/internal/thread_slots.hpp: thread indexes, the
+// remote lock of a thread's slot, and the fork handler's helpers.
+
+#include "percpu/internal/thread_slots.hpp"
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace percpu {
+namespace internal {
+
+namespace {
+
+// tid of the thread holding each index, 0 when free.
+int g_thread_owner[kThreadSlots];
+int claim_one_index() noexcept {
+  const int saved_errno = errno;
+  const int tid = static_cast<int>(syscall(SYS_gettid));
+  const int pid = getpid();
+  int found = -1;
+  for (int pass = 0; pass < 2 && found < 0; ++pass) {
+    for (int i = 0; i < kThreadSlots && found < 0; ++i) {
+      int owner = __atomic_load_n(&g_thread_owner[i], __ATOMIC_RELAXED);
+      if (pass == 0 ? owner != 0 : owner == 0) continue;
+      // Second pass: take over the index of a thread that has exited.
+      if (pass == 1 && !(syscall(SYS_tgkill, pid, owner, 0) != 0 && errno == ESRCH)) continue;
+      if (__atomic_compare_exchange_n(&g_thread_owner[i], &owner, tid, false, __ATOMIC_ACQ_REL,
+                                      __ATOMIC_RELAXED)) {
+        found = i;
+      }
+    }
+  }
+  errno = saved_errno;
+  return found;
+}
+
+// In a forked child the thread is new (a new tid) but keeps its TLS, so its
+// index must name it, or another thread of the child would take it over.
+void thread_index_after_fork_in_child() noexcept {
+  const int plus_one = t_thread_index_plus_one;
+  if (plus_one > 0) {
+    const int saved_errno = errno;
+    __atomic_store_n(&g_thread_owner[plus_one - 1], static_cast<int>(syscall(SYS_gettid)),
+                     __ATOMIC_RELEASE);
+    errno = saved_errno;
+  }
+}
+
+__attribute__((constructor(102))) void thread_slots_at_load() {
+  pthread_atfork(nullptr, nullptr, &thread_index_after_fork_in_child);
+}
+
+}  // namespace
+
+// The calling thread's index plus one; 0 not asked yet, -1 none available.
+__thread int t_thread_index_plus_one __attribute__((tls_model("initial-exec"))) = 0;
+
+int claim_thread_index() noexcept {
+  const int index = claim_one_index();
+  t_thread_index_plus_one = index >= 0 ? index + 1 : -1;
+  return index;
+}
+
+bool thread_slots_usable() noexcept {
+#if defined(__SANITIZE_THREAD__)
+  return false;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+  return false;
+#else
+  return barrier_available();
+#endif
+#else
+  return barrier_available();
+#endif
+}
+
+thread_slot* new_thread_slots(std::intptr_t empty) {
+  if (!thread_slots_usable()) return nullptr;
+  thread_slot* slots = new thread_slot[kThreadSlots];
+  for (int i = 0; i < kThreadSlots; ++i) slots[i] = thread_slot{empty, 0, 0, 0, 0};
+  return slots;
+}
+
+lock_result lock_thread_slot(thread_slot* slot) noexcept {
+  if (!try_take_flag(&slot->locker)) return lock_result::busy;
+  __atomic_store_n(&slot->revoked, 1, __ATOMIC_SEQ_CST);
+  if (!barrier_all()) {
+    __atomic_store_n(&slot->revoked, 0, __ATOMIC_RELEASE);
+    release_flag(&slot->locker);
+    return lock_result::refused;
+  }
+  if (__atomic_load_n(&slot->busy, __ATOMIC_ACQUIRE) != 0) {
+    __atomic_store_n(&slot->revoked, 0, __ATOMIC_RELEASE);
+    release_flag(&slot->locker);
+    return lock_result::busy;
+  }
+  return lock_result::acquired;
+}
+
+void unlock_thread_slot(thread_slot* slot) noexcept {
+  __atomic_store_n(&slot->revoked, 0, __ATOMIC_RELEASE);
+  release_flag(&slot->locker);
+}
+
+bool revoke_all_thread_slots(thread_slot* slots) noexcept {
+  for (int i = 0; i < kThreadSlots; ++i) {
+    wait_for_flag(&slots[i].locker);
+    __atomic_store_n(&slots[i].revoked, 1, __ATOMIC_SEQ_CST);
+  }
+  if (!barrier_all()) {
+    restore_all_thread_slots(slots);
+    return false;
+  }
+  for (int i = 0; i < kThreadSlots; ++i) {
+    while (__atomic_load_n(&slots[i].busy, __ATOMIC_ACQUIRE) != 0) sched_yield();
+  }
+  return true;
+}
+
+void restore_all_thread_slots(thread_slot* slots) noexcept {
+  for (int i = 0; i < kThreadSlots; ++i) unlock_thread_slot(&slots[i]);
+}
+
+namespace {
+// The process that forks, so the handler after fork knows it runs in a child.
+int g_forking_pid = 0;
+}  // namespace
+
+void revoke_thread_slots_for_fork(thread_slot* slots) noexcept {
+  __atomic_store_n(&g_forking_pid, getpid(), __ATOMIC_RELAXED);
+  for (int i = 0; i < kThreadSlots; ++i) {
+    wait_for_flag(&slots[i].locker);
+    __atomic_store_n(&slots[i].revoked, 1, __ATOMIC_SEQ_CST);
+  }
+  if (!barrier_all()) __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  const int self = t_thread_index_plus_one - 1;  // its own slot may be busy below this handler
+  for (int i = 0; i < kThreadSlots; ++i) {
+    if (i == self) continue;
+    for (int spins = 0; __atomic_load_n(&slots[i].busy, __ATOMIC_ACQUIRE) != 0; ++spins) {
+      if (spins > 64) sched_yield();
+    }
+  }
+}
+
+void restore_thread_slots_after_fork(thread_slot* slots) noexcept {
+  // An owner that found its slot revoked stores busy = 1 and then 0 again;
+  // a fork between the two leaves busy set in the child, where that thread
+  // does not exist, and lockers there would find the slot busy for ever. The
+  // child has no other thread, so every busy but its own is stale.
+  const bool child = getpid() != __atomic_load_n(&g_forking_pid, __ATOMIC_RELAXED);
+  const int self = t_thread_index_plus_one - 1;
+  for (int i = 0; i < kThreadSlots; ++i) {
+    if (child && i != self) __atomic_store_n(&slots[i].busy, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&slots[i].revoked, 0, __ATOMIC_RELEASE);
+    release_flag(&slots[i].locker);
+  }
+}
+
+}  // namespace internal
+}  // namespace percpu

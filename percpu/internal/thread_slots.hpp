@@ -1,0 +1,113 @@
+// Do not include directly; not a stable API (internal to percpu).
+//
+// Thread slots: the path of threads without rseq.
+//
+// Why
+//   A thread without rseq cannot update a shared per-CPU slot without atomic
+//   read-modify-writes (two exchanges per lock_slot), which makes every
+//   operation slower than a mutex or malloc's thread cache. So each such
+//   thread gets a slot of its own in every structure, indexed by a small
+//   per-process thread index, and updates it with plain loads and stores.
+//
+// The owner protocol (thread_slot_enter / thread_slot_leave)
+//   The owner stores busy = 1, then (a compiler barrier only) reads revoked;
+//   if it is set, or busy was already 1 (a signal handler that interrupted
+//   its own thread's operation), the owner leaves the slot alone and takes
+//   the shared path. It ends with a release store of busy = 0.
+//
+// Remote access (lock_thread_slot / unlock_thread_slot)
+//   Steals, take_all, trim and kill take the slot's locker flag, store
+//   revoked = 1, issue barrier_all() (membarrier PRIVATE_EXPEDITED), then
+//   read busy. This is the asymmetric Dekker of shared_mutex: after the
+//   barrier, either the owner's busy = 1 is visible here or the owner's later
+//   read of revoked sees 1. busy = 1: report busy (never wait; the owner may
+//   be the thread this handler interrupted), clearing revoked. busy = 0: the
+//   slot is the locker's until unlock_thread_slot clears revoked.
+//   Without the membarrier command, thread slots are not used at all
+//   (thread_slots_usable() is false) and threads without rseq keep the
+//   locked per-CPU path. Under ThreadSanitizer, which cannot see membarrier
+//   order, they are not used either.
+//
+// Thread indexes
+//   thread_index() hands each thread the first free index of a process-wide
+//   table once, with a compare-and-swap; an index whose thread has exited
+//   (tgkill(pid, tid, 0) fails with ESRCH) is taken over, along with what
+//   its slots hold in every structure, which is exactly what a new owner of
+//   those slots should get. A forked child's thread keeps its index (a fork
+//   handler records its new tid); the parent's other indexes are free to be
+//   taken there. Beyond kThreadSlots live threads, later ones get -1 and keep
+//   the locked per-CPU path.
+//
+// Fork
+//   A structure's fork handler revokes every thread slot with one barrier and
+//   waits (rule R3: owners never wait while busy) until none is busy, so the
+//   child never inherits a slot in the middle of an update.
+//
+// Async-signal-safe: everything but new_thread_slots.
+#pragma once
+
+#include <cstdint>
+
+#include "percpu/internal/cpu_slots.hpp"
+
+namespace percpu {
+namespace internal {
+
+constexpr int kThreadSlots = 128;
+
+struct alignas(64) thread_slot {
+  std::intptr_t head;  // owner: relaxed atomics while busy; lockers while revoked
+  std::intptr_t aux;   // a second word for the structure's own use, same rules
+  int busy;            // written only by the owning thread (and its handlers)
+  int revoked;         // written only by the holder of locker
+  int locker;          // a flag (see below)
+};
+
+// The calling thread's index in [0, kThreadSlots), or -1.
+// Async-signal-safe (the first call on a thread makes a few system calls).
+// Only for out-of-line slow paths: it reads TLS the compiler's way, which a
+// coroutine resumed on another thread must not have cached (cpu.hpp).
+extern __thread int t_thread_index_plus_one __attribute__((tls_model("initial-exec")));
+int claim_thread_index() noexcept;
+inline int thread_index() noexcept {
+  const int plus_one = t_thread_index_plus_one;
+  if (__builtin_expect(plus_one > 0, 1)) return plus_one - 1;
+  return plus_one < 0 ? -1 : claim_thread_index();
+}
+// Whether structures may use thread slots in this process.
+bool thread_slots_usable() noexcept;
+// A structure's array of kThreadSlots thread slots, each holding the empty
+// head `empty` and nothing else (release it with delete[]), or nullptr where
+// thread_slots_usable() is false.
+thread_slot* new_thread_slots(std::intptr_t empty);
+
+inline bool thread_slot_enter(thread_slot* slot) noexcept {
+  if (__atomic_load_n(&slot->busy, __ATOMIC_RELAXED) != 0) return false;
+  __atomic_store_n(&slot->busy, 1, __ATOMIC_RELAXED);
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);  // the barrier_all() of a locker makes it a full fence
+  if (__builtin_expect(__atomic_load_n(&slot->revoked, __ATOMIC_RELAXED) == 0, 1)) return true;
+  __atomic_store_n(&slot->busy, 0, __ATOMIC_RELEASE);
+  return false;
+}
+inline void thread_slot_leave(thread_slot* slot) noexcept {
+  __atomic_store_n(&slot->busy, 0, __ATOMIC_RELEASE);
+}
+
+lock_result lock_thread_slot(thread_slot* slot) noexcept;
+void unlock_thread_slot(thread_slot* slot) noexcept;
+// Locks every slot of `slots` with one barrier instead of one each: takes
+// every locker flag, revokes all, fences once, then waits until no owner is
+// inside (owners never wait, rule R2). Only for callers outside signal
+// handlers whose slots' lockers nobody else takes meanwhile (ref::kill,
+// under its kill_busy_, which its fork handler takes too), so taking the
+// flags never actually waits while holding one (rule R1). False, with
+// nothing held, when the barrier fails.
+bool revoke_all_thread_slots(thread_slot* slots) noexcept;
+void restore_all_thread_slots(thread_slot* slots) noexcept;
+// Fork handler helpers (R3): revoke every slot of `slots` and wait until no
+// owner but the calling thread is inside; then undo.
+void revoke_thread_slots_for_fork(thread_slot* slots) noexcept;
+void restore_thread_slots_after_fork(thread_slot* slots) noexcept;
+
+}  // namespace internal
+}  // namespace percpu
