@@ -94,6 +94,7 @@
 #include <cstdint>
 
 #include "percpu/cpu.hpp"
+#include "percpu/internal/config.hpp"
 #include "percpu/internal/registration.hpp"
 #include "percpu/internal/rseq_abi.hpp"
 
@@ -160,6 +161,7 @@ inline bool index_kind_usable(index_kind k) noexcept {
 }  // namespace internal
 }  // namespace percpu
 
+#define PERCPU_INTERNAL_RSEQ_CS_DISPATCH 1
 #if defined(__x86_64__)
 #include "percpu/internal/rseq_cs_x86_64.hpp"
 #elif defined(__aarch64__)
@@ -167,3 +169,4 @@ inline bool index_kind_usable(index_kind k) noexcept {
 #else
 #include "percpu/internal/rseq_cs_fallback.hpp"
 #endif
+#undef PERCPU_INTERNAL_RSEQ_CS_DISPATCH

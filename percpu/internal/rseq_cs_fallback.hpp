@@ -1,18 +1,20 @@
 // Architectures without percpu rseq support. Included only by
 // percpu/internal/rseq_cs.hpp.
 //
-// percpu never registers rseq here (thread_pointer_generic.hpp sets
-// kArchHasRseq to false), so rseq_area_for_sections() always returns nullptr
+// percpu never registers rseq here (config.hpp sets kArchHasRseq to
+// false), so rseq_area_for_sections() always returns nullptr
 // and callers always take their atomic path. The operations exist so that the
 // same caller code compiles everywhere; each reports an abort without storing.
 #pragma once
+
+#if !defined(PERCPU_INTERNAL_RSEQ_CS_DISPATCH)
+#error "include percpu/internal/rseq_cs.hpp, not this arch file"
+#endif
 
 #include <cstdint>
 
 namespace percpu {
 namespace internal {
-
-constexpr bool kHaveRseqSections = false;
 
 template <index_kind K>
 inline int rseq_cmpeqv_storev(rseq_area*, std::intptr_t*, std::intptr_t, std::intptr_t,

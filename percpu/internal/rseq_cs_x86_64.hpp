@@ -29,12 +29,14 @@
 // outputs is not available on every supported compiler.
 #pragma once
 
+#if !defined(PERCPU_INTERNAL_RSEQ_CS_DISPATCH)
+#error "include percpu/internal/rseq_cs.hpp, not this arch file"
+#endif
+
 #include <cstdint>
 
 namespace percpu {
 namespace internal {
-
-constexpr bool kHaveRseqSections = true;
 
 // rseq_cmpeqv_storev: compare-and-store.
 //

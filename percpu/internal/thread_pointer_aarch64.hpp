@@ -1,6 +1,10 @@
 // aarch64: the thread pointer is TPIDR_EL0.
 #pragma once
 
+#if !defined(PERCPU_INTERNAL_THREAD_POINTER_DISPATCH)
+#error "include percpu/internal/thread_pointer.hpp, not this arch file"
+#endif
+
 #if defined(__AARCH64EB__)
 // The kernel reads the 4 bytes before an abort handler as a data word in the
 // CPU's byte order, while instructions are always stored little-endian: a
@@ -13,8 +17,6 @@
 
 namespace percpu {
 namespace internal {
-
-constexpr bool kArchHasRseq = true;
 
 // volatile: a thread pointer read is never merged with an earlier one. The
 // compiler sees no change of thread inside a function, but a coroutine that
@@ -35,7 +37,6 @@ inline std::int32_t load_tp_relative_i32(std::intptr_t offset) noexcept {
 }
 
 // No RDPID on this architecture; never called.
-constexpr bool kArchHasRdpid = false;
 inline unsigned rdpid_tsc_aux() noexcept { return 0; }
 
 }  // namespace internal

@@ -3,12 +3,14 @@
 // The fast path reads a per-thread word that always holds -1.
 #pragma once
 
+#if !defined(PERCPU_INTERNAL_THREAD_POINTER_DISPATCH)
+#error "include percpu/internal/thread_pointer.hpp, not this arch file"
+#endif
+
 #include <cstdint>
 
 namespace percpu {
 namespace internal {
-
-constexpr bool kArchHasRseq = false;
 
 inline char* thread_pointer() noexcept {
   return static_cast<char*>(__builtin_thread_pointer());
@@ -19,7 +21,6 @@ inline std::int32_t load_tp_relative_i32(std::intptr_t offset) noexcept {
 }
 
 // No RDPID on this architecture; never called.
-constexpr bool kArchHasRdpid = false;
 inline unsigned rdpid_tsc_aux() noexcept { return 0; }
 
 }  // namespace internal

@@ -2,12 +2,14 @@
 // to it at %fs:0, so a segment-relative load reaches any static-TLS offset.
 #pragma once
 
+#if !defined(PERCPU_INTERNAL_THREAD_POINTER_DISPATCH)
+#error "include percpu/internal/thread_pointer.hpp, not this arch file"
+#endif
+
 #include <cstdint>
 
 namespace percpu {
 namespace internal {
-
-constexpr bool kArchHasRseq = true;
 
 // volatile: a thread pointer read is never merged with an earlier one. The
 // compiler sees no change of thread inside a function, but a coroutine that
@@ -30,7 +32,6 @@ inline std::int32_t load_tp_relative_i32(std::intptr_t offset) noexcept {
 // RDPID: IA32_TSC_AUX, which Linux sets to (node << 12) | cpu on each CPU.
 // Only valid where percpu checked that the CPU has it and that it agrees with
 // the kernel. Spelled in bytes for assemblers that predate the mnemonic.
-constexpr bool kArchHasRdpid = true;
 inline unsigned rdpid_tsc_aux() noexcept {
   unsigned long value;
   asm volatile(".byte 0xf3, 0x0f, 0xc7, 0xf8" : "=a"(value));  // rdpid %rax

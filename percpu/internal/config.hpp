@@ -1,0 +1,34 @@
+// Do not include directly; not a stable API (internal to percpu).
+//
+// What percpu knows about the architecture it is built for, stated once:
+// the dispatchers (thread_pointer.hpp, rseq_cs.hpp) pick their arch files by
+// the same test, and code that branches on these facts uses the constants
+// rather than testing the compiler's macros again.
+#pragma once
+
+namespace percpu {
+namespace internal {
+
+#if defined(__x86_64__) || defined(__aarch64__)
+// percpu knows this architecture's rseq signature and has its critical
+// sections written out; it registers rseq and runs sections here.
+constexpr bool kArchHasRseq = true;
+#else
+// No signature and no sections: percpu never registers rseq, and every query
+// takes the fallback (vDSO or system call).
+constexpr bool kArchHasRseq = false;
+#endif
+
+// The structures' rseq sections exist exactly where percpu registers rseq:
+// one fact, under the name the structures use.
+constexpr bool kHaveRseqSections = kArchHasRseq;
+
+#if defined(__x86_64__)
+// The RDPID instruction, for the inline RDPID fallback.
+constexpr bool kArchHasRdpid = true;
+#else
+constexpr bool kArchHasRdpid = false;
+#endif
+
+}  // namespace internal
+}  // namespace percpu
