@@ -18,11 +18,6 @@ static_assert(sizeof(std::intptr_t) == sizeof(std::int64_t) || !internal::kHaveR
 
 namespace {
 
-// Section attempts before add() gives up on rseq for this call and takes the
-// atomic word: aborts come from preemption, migration and signals, so a few
-// tries almost always succeed, and the bound keeps add() from spinning.
-constexpr int kRseqTries = 8;
-
 std::size_t block_bytes(int count) {
   return 64 * (static_cast<std::size_t>(count) + 1);
 }
@@ -116,7 +111,7 @@ void counter::add_slow(std::int64_t delta) noexcept {
   }
   const unsigned count = static_cast<unsigned>(block_of(s)->count);
   if (internal::rseq_area* area = area_unless_known_missing()) {
-    for (int tries = 0; tries < kRseqTries; ++tries) {
+    for (int tries = 0; tries < internal::kSectionTries; ++tries) {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
       if (static_cast<unsigned>(cpu) >= count) break;
       if (internal::rseq_addv<index_kind::cpu_id>(area, &s[cpu].by_rseq,

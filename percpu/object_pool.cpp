@@ -347,7 +347,7 @@ bool object_pool::push_chain_home(node* first, node* last, std::intptr_t count) 
     for (node* x = first; x != nullptr && depth > below; x = x->next) x->depth = depth--;
   };
   if (internal::rseq_area* area = internal::section_area()) {
-    for (int tries = 0; tries < internal::kListSectionTries; ++tries) {
+    for (int tries = 0; tries < internal::kSectionTries; ++tries) {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
       if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) return false;
       std::intptr_t* head = &slots_[cpu].head;
@@ -488,7 +488,7 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
     std::intptr_t count = 1;
     n->next = nullptr;
     int failures = 0;
-    while (count <= batch_ && failures < internal::kListSectionTries) {
+    while (count <= batch_ && failures < internal::kSectionTries) {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
       if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
       std::intptr_t popped = 0;

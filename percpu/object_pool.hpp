@@ -217,7 +217,7 @@ inline void object_pool::deallocate(void* p) noexcept {
   node* n = static_cast<node*>(p);
   internal::rseq_area* area = internal::section_area();
   if (__builtin_expect(area != nullptr, 1)) {
-    for (int tries = 0; tries < internal::kListSectionTries; ++tries) {
+    for (int tries = 0; tries < internal::kSectionTries; ++tries) {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
       if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
       std::intptr_t* head = &slots_[cpu].head;

@@ -31,11 +31,6 @@ namespace percpu {
 
 namespace {
 
-// Owner-section attempts before a get or put takes an atomic word: aborts
-// come from preemption, migration and signals, and compare failures from a
-// concurrent section on the same CPU, so a few tries almost always succeed.
-constexpr int kRseqTries = 8;
-
 [[noreturn]] void die(const char* message) noexcept {
   ssize_t ignored = write(STDERR_FILENO, message, std::strlen(message));
   (void)ignored;
@@ -144,7 +139,7 @@ void ref::add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept
       }
     }
     if (area != nullptr) {
-      for (int tries = 0; tries < kRseqTries; ++tries) {
+      for (int tries = 0; tries < internal::kSectionTries; ++tries) {
         const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
         if (static_cast<unsigned>(cpu) >= count) break;
         std::intptr_t* word = &slots_[cpu].rseq.head;

@@ -244,17 +244,13 @@ void end_fork_flags() noexcept;
 // head holds a node address, the list's own end marker, or kSlotLocked while
 // a non-owner holds it.
 
-// Aborts (preemption, migration, signals) are rare, so a few tries almost
-// always commit; the bound keeps a thread that keeps being hit from spinning.
-constexpr int kListSectionTries = 16;
-
 // Pops the head of the list of the CPU `area`'s thread runs on, in one
 // section. True when it committed: *popped is the old head (the list's end
 // marker if it was empty). False when the thread cannot use its CPU's list
 // now: its CPU has no slot, a non-owner holds the slot, or every try aborted.
 inline bool pop_local_head(rseq_area* area, cpu_slot* slots, int slot_count, long next_offset,
                            std::intptr_t* popped) noexcept {
-  for (int tries = 0; tries < kListSectionTries; ++tries) {
+  for (int tries = 0; tries < kSectionTries; ++tries) {
     const int cpu = rseq_current_index<index_kind::cpu_id>(area);
     if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count)) return false;
     const int rc = rseq_cmpnev_storeoffp_load<index_kind::cpu_id>(area, &slots[cpu].head,
@@ -271,7 +267,7 @@ inline bool pop_local_head(rseq_area* area, cpu_slot* slots, int slot_count, lon
 template <class Node>
 inline bool push_local_chain(rseq_area* area, cpu_slot* slots, int slot_count, Node* first,
                              Node* last) noexcept {
-  for (int tries = 0; tries < kListSectionTries; ++tries) {
+  for (int tries = 0; tries < kSectionTries; ++tries) {
     const int cpu = rseq_current_index<index_kind::cpu_id>(area);
     if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count)) return false;
     std::intptr_t* head = &slots[cpu].head;

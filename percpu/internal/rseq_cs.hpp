@@ -116,6 +116,14 @@ static_assert(index_offset<index_kind::cpu_id>() == 4, "rseq ABI: cpu_id");
 static_assert(index_offset<index_kind::mm_cid>() == 24, "rseq ABI: mm_cid");
 static_assert(kRseqCsOffset == 8, "rseq ABI: rseq_cs");
 
+// How many times every caller of these sections tries before it takes its
+// no-rseq path for this call (the counter's atomic word, a list's locked
+// path). Aborts (preemption, migration, signals) and compare failures from a
+// concurrent section on the same CPU are rare, so the first try almost always
+// commits; the bound keeps a thread that keeps being hit from spinning, and
+// one bound for every structure keeps them alike under a storm of signals.
+constexpr int kSectionTries = 16;
+
 // Iterations of the PERCPU_INJECT_DELAYS loop; tests may change it at any time.
 inline std::atomic<unsigned> g_inject_delay_loops{64};
 
