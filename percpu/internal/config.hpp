@@ -6,6 +6,13 @@
 // rather than testing the compiler's macros again.
 #pragma once
 
+// The one spelling of percpu's thread-local state: `__thread T name
+// PERCPU_STATIC_TLS`. Static TLS (initial-exec) puts each variable at one
+// fixed offset from the thread pointer in every thread, which the fast paths
+// rely on and a signal handler may touch; GNU __thread never goes through the
+// wrapper call that an extern thread_local may need in other units.
+#define PERCPU_STATIC_TLS __attribute__((tls_model("initial-exec")))
+
 namespace percpu {
 namespace internal {
 

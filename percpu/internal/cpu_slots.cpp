@@ -132,30 +132,30 @@ bool section_users_possible() noexcept {
 // releases flags leaves it as it found it, so the interrupted code's plain
 // read-modify-write stays right; the signal fences keep the compiler from
 // moving the count past the flag's own atomics.
-__thread int t_flags_held __attribute__((tls_model("initial-exec"))) = 0;
+__thread int t_flags_held PERCPU_STATIC_TLS = 0;
 
 // Set while a fork handler takes and holds every flag. Other threads then
 // fail to take flags (every caller has a way not to wait, or holds nothing
 // while it waits), so the fork handler waits only for the holders of the
 // moment instead of competing with threads that keep re-taking the flags.
 int g_fork_pending = 0;
-__thread int t_forking __attribute__((tls_model("initial-exec"))) = 0;
+__thread int t_forking PERCPU_STATIC_TLS = 0;
 
 bool try_take(int* flag) noexcept {
-  if (__atomic_load_n(flag, __ATOMIC_RELAXED) != 0) return false;
+  if (__atomic_load_n(flag, __ATOMIC_RELAXED) != kFlagFree) return false;
   if (__atomic_load_n(&g_fork_pending, __ATOMIC_RELAXED) != 0 && t_forking == 0) return false;
   // Counted before the exchange: a handler arriving right after it must see
   // that this thread holds the flag.
   t_flags_held = t_flags_held + 1;
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
-  if (__atomic_exchange_n(flag, 1, __ATOMIC_ACQUIRE) == 0) return true;
+  if (__atomic_exchange_n(flag, kFlagHeld, __ATOMIC_ACQUIRE) == kFlagFree) return true;
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
   t_flags_held = t_flags_held - 1;
   return false;
 }
 
 void release(int* flag) noexcept {
-  __atomic_store_n(flag, 0, __ATOMIC_RELEASE);
+  __atomic_store_n(flag, kFlagFree, __ATOMIC_RELEASE);
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
   t_flags_held = t_flags_held - 1;
 }

@@ -96,10 +96,16 @@ namespace internal {
 // are at least pointer-aligned).
 constexpr std::intptr_t kSlotLocked = 1;
 
+// A flag's two values (see "Flags, waiting, and why nothing deadlocks").
+// Flags are ints touched with atomics only, so they stay plain words that
+// a fork handler and a signal handler can take without any other state.
+constexpr int kFlagFree = 0;
+constexpr int kFlagHeld = 1;
+
 // One CPU's slot: the head owner sections update and the locker flag.
 struct alignas(64) cpu_slot {
   std::intptr_t head;  // plain stores by owner sections; atomics by lockers
-  int locker;          // 0 free, 1 held; atomics only
+  int locker;          // a flag: kFlagFree or kFlagHeld
 };
 
 enum class lock_result {
@@ -212,8 +218,8 @@ unsigned long fence_count() noexcept;
 // sections may run).
 void simulate_missing_membarrier(bool on) noexcept;
 
-// The flags (see "Flags, waiting, and why nothing deadlocks" above). A flag
-// is an int, 0 free and 1 held, touched with atomics only.
+// The flags (see "Flags, waiting, and why nothing deadlocks" above): ints,
+// kFlagFree or kFlagHeld, touched with atomics only.
 // One attempt; true when the caller now holds the flag.
 bool try_take_flag(int* flag) noexcept;
 // Waits for the flag if the calling thread holds no flag (R1); otherwise one

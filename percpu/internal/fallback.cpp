@@ -5,6 +5,7 @@
 
 #include <cerrno>
 
+#include "percpu/internal/config.hpp"
 #include "percpu/internal/vdso.hpp"
 
 #if defined(__x86_64__)
@@ -122,8 +123,8 @@ bool fallback_usable(cpu_backend backend, const char** why) noexcept {
 namespace {
 // Static TLS, so a signal handler may use it; zero-initialised, and 0 is a
 // valid CPU id until the first refresh.
-__thread int t_hint_cpu __attribute__((tls_model("initial-exec"))) = 0;
-__thread unsigned t_hint_uses __attribute__((tls_model("initial-exec"))) = 0;
+__thread int t_hint_cpu PERCPU_STATIC_TLS = 0;
+__thread unsigned t_hint_uses PERCPU_STATIC_TLS = 0;
 }  // namespace
 
 // Asks the fallback itself: the caller has no rseq, so cpu_id()'s checks of

@@ -37,6 +37,7 @@
 #include <initializer_list>
 
 #include "percpu/cpu.hpp"
+#include "percpu/internal/config.hpp"
 #include "percpu/internal/environment.hpp"
 #include "percpu/internal/fallback.hpp"
 #include "percpu/internal/rseq_abi.hpp"
@@ -67,27 +68,36 @@ namespace {
 // (and, with the same signature, runs sections on) that library's area.
 enum class thread_registration : int { untried, trying, registered, shared, failed };
 
-// Static TLS (initial-exec), so each variable sits at one fixed offset from
-// the thread pointer in every thread, and a signal handler can touch it.
+// Static TLS (PERCPU_STATIC_TLS), so each variable sits at one fixed offset
+// from the thread pointer in every thread, and a signal handler can touch it.
 // The kernel-owned fields hold -1 until the kernel writes them; that value is
 // only the initial image, never a store.
-#define PERCPU_STATIC_TLS __attribute__((tls_model("initial-exec")))
-thread_local own_rseq_area own_area PERCPU_STATIC_TLS = {{0, kCpuIdUninitialized, 0, 0, -1, -1}, {}};
+__thread own_rseq_area own_area PERCPU_STATIC_TLS = {{0, kCpuIdUninitialized, 0, 0, -1, -1}, {}};
 // Never registered: the fast path lands here when a fallback is forced.
-thread_local rseq_area unregistered_area PERCPU_STATIC_TLS = {0, kCpuIdUninitialized, 0, 0, -1, -1};
-thread_local thread_registration registration PERCPU_STATIC_TLS = thread_registration::untried;
-thread_local int registration_error PERCPU_STATIC_TLS = 0;
+__thread rseq_area unregistered_area PERCPU_STATIC_TLS = {0, kCpuIdUninitialized, 0, 0, -1, -1};
+__thread thread_registration registration PERCPU_STATIC_TLS = thread_registration::untried;
+__thread int registration_error PERCPU_STATIC_TLS = 0;
 // Another library's area this thread shares (thread_registration::shared),
 // the length it is registered with, and whether its signature is percpu's.
-thread_local rseq_area* shared_area PERCPU_STATIC_TLS = nullptr;
-thread_local unsigned shared_length PERCPU_STATIC_TLS = 0;
-thread_local bool shared_sections PERCPU_STATIC_TLS = false;
+__thread rseq_area* shared_area PERCPU_STATIC_TLS = nullptr;
+__thread unsigned shared_length PERCPU_STATIC_TLS = 0;
+__thread bool shared_sections PERCPU_STATIC_TLS = false;
 
 }  // namespace
 
 __thread section_user t_section_state PERCPU_STATIC_TLS = section_user::unmarked;
 
 namespace {
+
+// What PERCPU_BACKEND or force_backend() asked for: nothing, or a backend
+// (the same values as cpu_backend, so one converts to the other).
+enum class forced_backend : int { none = -1, rseq, rdpid, vdso, syscall };
+static_assert(static_cast<int>(forced_backend::syscall) == static_cast<int>(cpu_backend::syscall),
+              "forced_backend mirrors cpu_backend");
+
+forced_backend as_forced(cpu_backend backend) {
+  return static_cast<forced_backend>(static_cast<int>(backend));
+}
 
 struct process_state {
   // Who registers threads. Drops from percpu to none, once, when the kernel
@@ -109,7 +119,7 @@ struct process_state {
   std::intptr_t rseq_abi_offset = 0;
   cpu_backend fallback = cpu_backend::syscall;
   vdso_getcpu_fn vdso_getcpu = nullptr;     // cached for the vdso fallback
-  int forced = -1;                           // a cpu_backend, or -1
+  forced_backend forced = forced_backend::none;  // PERCPU_BACKEND, force_backend()
   std::atomic<bool> forced_rseq_warned{false};
 };
 process_state g_state;
@@ -136,12 +146,12 @@ void say(std::initializer_list<const char*> parts) noexcept {
   errno = saved_errno;
 }
 
-int parse_backend(const char* name) {
+forced_backend parse_backend(const char* name) {
   for (cpu_backend b : {cpu_backend::rseq, cpu_backend::rdpid, cpu_backend::vdso,
                         cpu_backend::syscall}) {
-    if (std::strcmp(name, to_string(b)) == 0) return static_cast<int>(b);
+    if (std::strcmp(name, to_string(b)) == 0) return as_forced(b);
   }
-  return -1;
+  return forced_backend::none;
 }
 
 const char* errno_name(int error) noexcept {
@@ -286,12 +296,13 @@ void initialize_once() {
   const char* requested = startup_env("PERCPU_BACKEND", backend_name, sizeof(backend_name));
   if (requested != nullptr && *requested != '\0') {
     g_state.forced = parse_backend(requested);
-    if (g_state.forced < 0) {
+    if (g_state.forced == forced_backend::none) {
       say({"PERCPU_BACKEND=", requested, " is not one of rseq, rdpid, vdso, syscall; ignoring it"});
     }
   }
 
-  const bool forced_fallback = g_state.forced > static_cast<int>(cpu_backend::rseq);
+  const bool forced_fallback =
+      g_state.forced != forced_backend::none && g_state.forced != forced_backend::rseq;
   g_state.fallback = choose_fallback(
       forced_fallback ? static_cast<cpu_backend>(g_state.forced) : cpu_backend::rdpid,
       forced_fallback);
@@ -306,7 +317,7 @@ void initialize_once() {
   } else {
     set_owner(rseq_owner::none);
     area = tp_offset_of(&unregistered_area);
-    if (g_state.forced == static_cast<int>(cpu_backend::rseq)) {
+    if (g_state.forced == forced_backend::rseq) {
       say({"PERCPU_BACKEND=rseq is unavailable here (no rseq support for this architecture); using ",
            to_string(g_state.fallback)});
     }
@@ -500,7 +511,7 @@ bool register_this_thread() noexcept {
                         : thread_registration::failed;
   if (ok) g_some_thread_registered.store(true, std::memory_order_relaxed);
   if (error == ENOSYS && kernel_may_lack_rseq()) set_owner(rseq_owner::none);
-  if (!ok && g_state.forced == static_cast<int>(cpu_backend::rseq) &&
+  if (!ok && g_state.forced == forced_backend::rseq &&
       !g_state.forced_rseq_warned.exchange(true)) {
     say({"PERCPU_BACKEND=rseq is unavailable here (rseq registration failed with ",
          errno_name(error), "); using ", to_string(g_state.fallback)});
@@ -703,7 +714,7 @@ int rseq_registration_error() noexcept {
 bool force_backend(cpu_backend backend) noexcept {
   if (backend == cpu_backend::rseq) {
     if (g_state.natural_area == tp_offset_of(&unregistered_area)) return false;
-    g_state.forced = -1;
+    g_state.forced = forced_backend::none;
     if (g_state.natural_area == tp_offset_of(&own_area)) set_owner(rseq_owner::percpu);
     aim_fast_path(g_state.natural_area, g_state.feature_size);
     if (!ensure_registered()) {
@@ -714,7 +725,7 @@ bool force_backend(cpu_backend backend) noexcept {
     return true;
   }
   if (!fallback_usable(backend, nullptr)) return false;
-  g_state.forced = static_cast<int>(backend);
+  g_state.forced = as_forced(backend);
   g_state.vdso_getcpu = vdso_getcpu_function();
   set_owner_and_fallback(g_state.owner.load(), backend);
   if (g_state.owner.load() == rseq_owner::percpu) set_owner(rseq_owner::none);

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "percpu/cpu.hpp"
+#include "percpu/internal/config.hpp"
 #include "percpu/internal/rseq_abi.hpp"
 
 namespace percpu {
@@ -79,7 +80,7 @@ inline rseq_area* serving_rseq_area() noexcept {
 // while the thread's area shows no CPU (a thread that gets rseq later is
 // marked as usual).
 enum class section_user : int { unmarked = 0, marked = 1, forced_locked = 2, no_rseq = 3 };
-extern __thread section_user t_section_state __attribute__((tls_model("initial-exec")));
+extern __thread section_user t_section_state PERCPU_STATIC_TLS;
 
 // Test seam: serve every thread from `backend` from now on. For rseq this
 // restores the natural registration; for a fallback, the fast path is sent to

@@ -26,7 +26,7 @@ struct side_node {
 
 struct alignas(64) side_stack {
   std::intptr_t head;  // side_node*, 0 when empty; atomics only
-  int consumer;        // 0 free, 1 held
+  int consumer;        // a flag: kFlagFree or kFlagHeld
 };
 
 // Pushes first..last (already linked through next) in one step.

@@ -57,7 +57,7 @@ __attribute__((constructor(102))) void thread_slots_at_load() {
 }  // namespace
 
 // The calling thread's index plus one; 0 not asked yet, -1 none available.
-__thread int t_thread_index_plus_one __attribute__((tls_model("initial-exec"))) = 0;
+__thread int t_thread_index_plus_one PERCPU_STATIC_TLS = 0;
 
 int claim_thread_index() noexcept {
   const int index = claim_one_index();

@@ -60,14 +60,14 @@ struct alignas(64) thread_slot {
   std::intptr_t aux;   // a second word for the structure's own use, same rules
   int busy;            // written only by the owning thread (and its handlers)
   int revoked;         // written only by the holder of locker
-  int locker;          // a flag (see below)
+  int locker;          // a flag: kFlagFree or kFlagHeld
 };
 
 // The calling thread's index in [0, kThreadSlots), or -1.
 // Async-signal-safe (the first call on a thread makes a few system calls).
 // Only for out-of-line slow paths: it reads TLS the compiler's way, which a
 // coroutine resumed on another thread must not have cached (cpu.hpp).
-extern __thread int t_thread_index_plus_one __attribute__((tls_model("initial-exec")));
+extern __thread int t_thread_index_plus_one PERCPU_STATIC_TLS;
 int claim_thread_index() noexcept;
 inline int thread_index() noexcept {
   const int plus_one = t_thread_index_plus_one;
