@@ -235,7 +235,7 @@ void ref::kill() noexcept {
 #if !defined(__x86_64__)
   // A put's earlier loads must not be satisfied after the release function
   // runs; on weakly ordered machines its plain store does not order them.
-  if (rseq_on_slots_) internal::barrier_all();
+  if (rseq_on_slots_) (void)internal::barrier_all();
 #endif
   const std::int64_t fold = slots_ != nullptr ? sum - kBias - 1 : -1;
   const std::int64_t after = count_.fetch_add(fold, std::memory_order_acq_rel) + fold;

@@ -116,15 +116,15 @@ enum class lock_result {
 
 // Locks `slot`, the slot of CPU `cpu`, for a thread that is not its owner
 // section. On acquired, *value is the list's head.
-lock_result lock_slot(cpu_slot* slot, int cpu, std::intptr_t* value) noexcept;
+[[nodiscard]] lock_result lock_slot(cpu_slot* slot, int cpu, std::intptr_t* value) noexcept;
 // Publishes `value` as the new head and releases the slot.
 void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept;
 // False when lock_slot would refuse: sections may run and there is no fence.
-bool remote_access_possible() noexcept;
+[[nodiscard]] bool remote_access_possible() noexcept;
 // Whether lock_slot can fence a CPU (membarrier with the RSEQ command),
 // whatever the section users: a structure that cannot count on it keeps its
 // owner sections off its slots from the start.
-bool slot_fence_available() noexcept;
+[[nodiscard]] bool slot_fence_available() noexcept;
 
 // Registers the process for membarrier's RSEQ fence now, when that is cheap,
 // and reports whether the fence is ready.
@@ -154,12 +154,12 @@ bool slot_fence_available() noexcept;
 // without /proc, since a program is almost always single-threaded then.)
 // Cheap once the state is known (one atomic load). Not async-signal-safe:
 // the first call may look a symbol up with dlsym.
-bool prepare_remote_fences() noexcept;
+[[nodiscard]] bool prepare_remote_fences() noexcept;
 
 // Marks the calling thread as a section user (t_section_state, see
 // registration.hpp) and returns its new state: marked, or forced_locked
 // under the test seam below.
-section_user mark_section_user() noexcept;
+[[nodiscard]] section_user mark_section_user() noexcept;
 
 // The area for owner sections of the calling thread, or nullptr when it must
 // use the locked path (no rseq, or the seam says so). The state word is read
@@ -173,8 +173,8 @@ section_user mark_section_user() noexcept;
 // area after start-up), so its operations do not call out to ask again each
 // time. Before start-up the area check fails and the state offset is 0: the
 // word there is a pointer, which is never no_rseq, so that costs a call.
-rseq_area* section_area_slow() noexcept;
-inline rseq_area* section_area() noexcept {
+[[nodiscard]] rseq_area* section_area_slow() noexcept;
+[[nodiscard]] inline rseq_area* section_area() noexcept {
   // The bound first, with acquire order, as in rseq_area_for_sections(): 0
   // before start-up and where sections are off.
   const std::uint32_t limit = __atomic_load_n(&g_fast_path.section_limit, __ATOMIC_ACQUIRE);
@@ -205,8 +205,8 @@ inline rseq_area* section_area() noexcept {
 // barrier_available() is false without the command (old kernel, seccomp,
 // valgrind) or under simulate_missing_membarrier(); then barrier_all()
 // returns false and callers must make their readers fence for themselves.
-bool barrier_available() noexcept;
-bool barrier_all() noexcept;
+[[nodiscard]] bool barrier_available() noexcept;
+[[nodiscard]] bool barrier_all() noexcept;
 
 // Test seam: from now on the calling thread takes the locked per-CPU path
 // (the path of a thread without rseq that has no thread slot), even though
@@ -221,10 +221,10 @@ void simulate_missing_membarrier(bool on) noexcept;
 // The flags (see "Flags, waiting, and why nothing deadlocks" above): ints,
 // kFlagFree or kFlagHeld, touched with atomics only.
 // One attempt; true when the caller now holds the flag.
-bool try_take_flag(int* flag) noexcept;
+[[nodiscard]] bool try_take_flag(int* flag) noexcept;
 // Waits for the flag if the calling thread holds no flag (R1); otherwise one
 // attempt. True when the caller now holds the flag.
-bool take_flag(int* flag) noexcept;
+[[nodiscard]] bool take_flag(int* flag) noexcept;
 void release_flag(int* flag) noexcept;
 // How many flags the calling thread holds (0 outside percpu's slow paths).
 int flags_held() noexcept;
@@ -254,8 +254,8 @@ void end_fork_flags() noexcept;
 // section. True when it committed: *popped is the old head (the list's end
 // marker if it was empty). False when the thread cannot use its CPU's list
 // now: its CPU has no slot, a non-owner holds the slot, or every try aborted.
-inline bool pop_local_head(rseq_area* area, cpu_slot* slots, int slot_count, long next_offset,
-                           std::intptr_t* popped) noexcept {
+[[nodiscard]] inline bool pop_local_head(rseq_area* area, cpu_slot* slots, int slot_count,
+                                         long next_offset, std::intptr_t* popped) noexcept {
   for (int tries = 0; tries < kSectionTries; ++tries) {
     const int cpu = rseq_current_index<index_kind::cpu_id>(area);
     if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count)) return false;
@@ -271,8 +271,8 @@ inline bool pop_local_head(rseq_area* area, cpu_slot* slots, int slot_count, lon
 // the CPU `area`'s thread runs on, in one section. True when it committed;
 // false as for pop_local_head.
 template <class Node>
-inline bool push_local_chain(rseq_area* area, cpu_slot* slots, int slot_count, Node* first,
-                             Node* last) noexcept {
+[[nodiscard]] inline bool push_local_chain(rseq_area* area, cpu_slot* slots, int slot_count,
+                                           Node* first, Node* last) noexcept {
   for (int tries = 0; tries < kSectionTries; ++tries) {
     const int cpu = rseq_current_index<index_kind::cpu_id>(area);
     if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count)) return false;

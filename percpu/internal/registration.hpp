@@ -26,8 +26,8 @@ namespace internal {
 // (see fast_path_offsets), which sends them to slow paths that call this.
 constexpr int kInitNotStarted = 0, kInitRunning = 1, kInitDone = 2;
 extern std::atomic<int> g_init_state;
-bool initialize_now() noexcept;
-inline bool ensure_initialized() noexcept {
+[[nodiscard]] bool initialize_now() noexcept;
+[[nodiscard]] inline bool ensure_initialized() noexcept {
   if (__builtin_expect(g_init_state.load(std::memory_order_acquire) == kInitDone, 1)) return true;
   return initialize_now();
 }
@@ -38,7 +38,7 @@ inline bool ensure_initialized() noexcept {
 // registering it first if due; nullptr when this thread must use the
 // structures' no-rseq paths: no rseq, a foreign area registered with another
 // signature, or sections turned off (rseq_sections_enabled()).
-rseq_area* registered_rseq_area() noexcept;
+[[nodiscard]] rseq_area* registered_rseq_area() noexcept;
 
 // Whether the per-CPU structures run rseq critical sections in this process.
 // False on arm64 kernels that do not abort a section preempted and resumed on
@@ -90,7 +90,7 @@ bool force_backend(cpu_backend backend) noexcept;
 
 // The fallback query behind cpu_id() when rseq is unavailable: the chosen
 // fallback, then the system call. 0 or an errno value.
-int query_fallback(unsigned* cpu, unsigned* node) noexcept;
+[[nodiscard]] int query_fallback(unsigned* cpu, unsigned* node) noexcept;
 
 // Why rseq is unavailable to the calling thread (an errno value), or 0.
 int rseq_registration_error() noexcept;
@@ -100,7 +100,7 @@ int rseq_registration_error() noexcept;
 // thread pointer (__rseq_offset). Both symbols are looked up with dlsym in
 // dynamic programs (so nothing needs GLIBC_2.35), through weak references in
 // static ones. The one answer to that question in percpu and its preload.
-bool glibc_registered_rseq(std::intptr_t* area) noexcept;
+[[nodiscard]] bool glibc_registered_rseq(std::intptr_t* area) noexcept;
 
 // What the public queries of cpu.hpp answer for the calling thread:
 // backend(), fallback_backend(), rseq_ownership(), rseq_feature_size().

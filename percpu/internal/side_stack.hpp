@@ -32,9 +32,9 @@ struct alignas(64) side_stack {
 // Pushes first..last (already linked through next) in one step.
 void side_push(side_stack* stack, side_node* first, side_node* last) noexcept;
 // Pops one node, or nullptr when empty or when another consumer is active.
-side_node* side_pop(side_stack* stack) noexcept;
+[[nodiscard]] side_node* side_pop(side_stack* stack) noexcept;
 // Takes every node, or nullptr (empty, or another consumer is active).
-side_node* side_take_all(side_stack* stack) noexcept;
+[[nodiscard]] side_node* side_take_all(side_stack* stack) noexcept;
 
 // The fork handler's waits (R3): take the consumer flag even while holding
 // others.

@@ -69,19 +69,19 @@ struct alignas(64) thread_slot {
 // coroutine resumed on another thread must not have cached (cpu.hpp).
 extern __thread int t_thread_index_plus_one PERCPU_STATIC_TLS;
 int claim_thread_index() noexcept;
-inline int thread_index() noexcept {
+[[nodiscard]] inline int thread_index() noexcept {
   const int plus_one = t_thread_index_plus_one;
   if (__builtin_expect(plus_one > 0, 1)) return plus_one - 1;
   return plus_one < 0 ? -1 : claim_thread_index();
 }
 // Whether structures may use thread slots in this process.
-bool thread_slots_usable() noexcept;
+[[nodiscard]] bool thread_slots_usable() noexcept;
 // A structure's array of kThreadSlots thread slots, each holding the empty
 // head `empty` and nothing else (release it with delete[]), or nullptr where
 // thread_slots_usable() is false.
 thread_slot* new_thread_slots(std::intptr_t empty);
 
-inline bool thread_slot_enter(thread_slot* slot) noexcept {
+[[nodiscard]] inline bool thread_slot_enter(thread_slot* slot) noexcept {
   if (__atomic_load_n(&slot->busy, __ATOMIC_RELAXED) != 0) return false;
   __atomic_store_n(&slot->busy, 1, __ATOMIC_RELAXED);
   __atomic_signal_fence(__ATOMIC_SEQ_CST);  // the barrier_all() of a locker makes it a full fence
@@ -93,7 +93,7 @@ inline void thread_slot_leave(thread_slot* slot) noexcept {
   __atomic_store_n(&slot->busy, 0, __ATOMIC_RELEASE);
 }
 
-lock_result lock_thread_slot(thread_slot* slot) noexcept;
+[[nodiscard]] lock_result lock_thread_slot(thread_slot* slot) noexcept;
 void unlock_thread_slot(thread_slot* slot) noexcept;
 // Locks every slot of `slots` with one barrier instead of one each: takes
 // every locker flag, revokes all, fences once, then waits until no owner is
@@ -102,7 +102,7 @@ void unlock_thread_slot(thread_slot* slot) noexcept;
 // under its kill_busy_, which its fork handler takes too), so taking the
 // flags never actually waits while holding one (rule R1). False, with
 // nothing held, when the barrier fails.
-bool revoke_all_thread_slots(thread_slot* slots) noexcept;
+[[nodiscard]] bool revoke_all_thread_slots(thread_slot* slots) noexcept;
 void restore_all_thread_slots(thread_slot* slots) noexcept;
 // Fork handler helpers (R3): revoke every slot of `slots` and wait until no
 // owner but the calling thread is inside; then undo.
