@@ -74,8 +74,10 @@ bool vdso_agrees_with_kernel() noexcept {
 
 int raw_vdso_getcpu(unsigned* cpu, unsigned* node) noexcept {
   const vdso_getcpu_fn f = vdso_getcpu_function();
-  if (f == nullptr) return -1;
-  return static_cast<int>(f(cpu, node, nullptr));
+  if (f == nullptr) return ENOSYS;
+  // The vDSO answers 0 or a negative errno value, as the system call would.
+  const long rc = f(cpu, node, nullptr);
+  return rc == 0 ? 0 : static_cast<int>(-rc);
 }
 
 int raw_syscall_getcpu(unsigned* cpu, unsigned* node) noexcept {

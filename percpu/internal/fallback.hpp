@@ -1,3 +1,5 @@
+// Do not include directly; not a stable API (internal to percpu).
+//
 // The CPU-number sources used when a thread has no rseq area: RDPID, the
 // vDSO getcpu and the getcpu system call. One of them is chosen per process,
 // fastest correct first, by percpu's constructor.
@@ -29,7 +31,7 @@ inline unsigned raw_rdpid() noexcept { return rdpid_tsc_aux(); }
 using vdso_getcpu_fn = long (*)(unsigned* cpu, unsigned* node, void* unused);
 vdso_getcpu_fn vdso_getcpu_function() noexcept;
 
-int raw_vdso_getcpu(unsigned* cpu, unsigned* node) noexcept;     // -1 without a vDSO getcpu
+int raw_vdso_getcpu(unsigned* cpu, unsigned* node) noexcept;     // errno value or 0 (ENOSYS: none)
 int raw_syscall_getcpu(unsigned* cpu, unsigned* node) noexcept;  // errno value or 0
 
 // A CPU id in [0, max_cpus()) for a thread without rseq to pick the slot it
