@@ -1,3 +1,5 @@
+// Do not include directly; not a stable API (internal to percpu).
+//
 // Futex wait and wake on a 32-bit word, private to the process: how
 // percpu::shared_mutex and percpu::ref sleep instead of spinning on a flag
 // that a thread they interrupted (a signal handler's case) may own.

@@ -1,3 +1,5 @@
+// Do not include directly; not a stable API (internal to percpu).
+//
 // The kernel's restartable-sequences ABI, as percpu relies on it.
 //
 // Declared here rather than taken from <linux/rseq.h> because distributions

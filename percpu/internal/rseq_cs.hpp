@@ -1,3 +1,5 @@
+// Do not include directly; not a stable API (internal to percpu).
+//
 // Dispatcher: percpu's rseq critical sections, the building blocks of the
 // per-CPU structures (counter, free list, object pool).
 //

@@ -1,3 +1,5 @@
+// Do not include directly; not a stable API (internal to percpu).
+//
 // Architectures without percpu rseq support. Included only by
 // percpu/internal/rseq_cs.hpp.
 //

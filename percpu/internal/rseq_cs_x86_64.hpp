@@ -1,3 +1,5 @@
+// Do not include directly; not a stable API (internal to percpu).
+//
 // x86-64 rseq critical sections. Included only by percpu/internal/rseq_cs.hpp,
 // which documents the contract and the return values.
 //

@@ -1,3 +1,5 @@
+// Do not include directly; not a stable API (internal to percpu).
+//
 // Dispatcher: the thread-pointer-relative loads behind percpu's fast paths.
 //
 // Exactly one architecture file is included (each refuses to be included

@@ -1,3 +1,5 @@
+// Do not include directly; not a stable API (internal to percpu).
+//
 // aarch64: the thread pointer is TPIDR_EL0.
 #pragma once
 

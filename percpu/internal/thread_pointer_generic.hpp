@@ -1,3 +1,5 @@
+// Do not include directly; not a stable API (internal to percpu).
+//
 // Other architectures: percpu does not know their rseq signature, so it never
 // registers rseq there and every query takes the fallback (vDSO or syscall).
 // The fast path reads a per-thread word that always holds -1.

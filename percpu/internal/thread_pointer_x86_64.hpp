@@ -1,3 +1,5 @@
+// Do not include directly; not a stable API (internal to percpu).
+//
 // x86-64: the thread pointer is the %fs base; glibc and musl keep a pointer
 // to it at %fs:0, so a segment-relative load reaches any static-TLS offset.
 #pragma once

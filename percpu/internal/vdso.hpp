@@ -1,3 +1,5 @@
+// Do not include directly; not a stable API (internal to percpu).
+//
 // Finding a function in the vDSO the kernel maps into every process.
 //
 // The image is located through the auxiliary vector (AT_SYSINFO_EHDR) and
