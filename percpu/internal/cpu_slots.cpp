@@ -39,19 +39,25 @@ long sys_membarrier(int cmd, unsigned flags, int cpu) noexcept {
   return syscall(__NR_membarrier, cmd, flags, cpu);
 }
 
-// Registers the process for the RSEQ fence. Idempotent, so a forked child or
-// two racing threads may do it again.
-int register_fence() noexcept {
+// Registers the process for membarrier's `command` (through its
+// `register_command`) and records in `state` whether it is ready. Idempotent,
+// so a forked child or two racing threads may do it again.
+int register_membarrier(int command, int register_command, std::atomic<int>* state) noexcept {
   const int saved_errno = errno;
   const long mask = sys_membarrier(MEMBARRIER_CMD_QUERY, 0, 0);
-  int state = kFenceMissing;
-  if (mask > 0 && (mask & MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) != 0 &&
-      sys_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) == 0) {
-    state = kFenceReady;
+  int result = kFenceMissing;
+  if (mask > 0 && (mask & command) != 0 && sys_membarrier(register_command, 0, 0) == 0) {
+    result = kFenceReady;
   }
   errno = saved_errno;
-  g_fence_state.store(state, std::memory_order_release);
-  return state;
+  state->store(result, std::memory_order_release);
+  return result;
+}
+
+// The RSEQ fence of one CPU (lock_slot).
+int register_fence() noexcept {
+  return register_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ,
+                             MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, &g_fence_state);
 }
 
 enum class thread_count { one, more, unknown };
@@ -112,16 +118,8 @@ bool fence_cpu(int cpu) noexcept {
 std::atomic<int> g_barrier_state{kFenceUnknown};
 
 int register_barrier() noexcept {
-  const int saved_errno = errno;
-  const long mask = sys_membarrier(MEMBARRIER_CMD_QUERY, 0, 0);
-  int state = kFenceMissing;
-  if (mask > 0 && (mask & MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 &&
-      sys_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0) {
-    state = kFenceReady;
-  }
-  errno = saved_errno;
-  g_barrier_state.store(state, std::memory_order_release);
-  return state;
+  return register_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED,
+                             MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, &g_barrier_state);
 }
 
 bool section_users_possible() noexcept {
