@@ -230,7 +230,7 @@ void aim_at_fallback() {
 
 }  // namespace
 
-bool glibc_registered_rseq(std::intptr_t* area) noexcept {
+bool glibc_registered_rseq(std::intptr_t* area, unsigned* size_out) noexcept {
   // Dynamic programs: ask the loader, so nothing here needs GLIBC_2.35.
   const auto* size = static_cast<const unsigned*>(dlsym(RTLD_DEFAULT, "__rseq_size"));
   const auto* offset = static_cast<const std::ptrdiff_t*>(dlsym(RTLD_DEFAULT, "__rseq_offset"));
@@ -242,6 +242,7 @@ bool glibc_registered_rseq(std::intptr_t* area) noexcept {
   }
   if (size == nullptr || offset == nullptr || *size == 0) return false;
   if (area != nullptr) *area = *offset;
+  if (size_out != nullptr) *size_out = *size;
   return true;
 }
 
@@ -696,9 +697,9 @@ unsigned rseq_registration_length() noexcept {
   const int saved_errno = errno;
   unsigned length = 0;
   bool same_signature = false;
-  const unsigned glibc_size = &__rseq_size != nullptr ? __rseq_size : 0;
-  const auto* size = static_cast<const unsigned*>(dlsym(RTLD_DEFAULT, "__rseq_size"));
-  if (!kernel_confirms(area, size != nullptr ? *size : glibc_size, &length, &same_signature)) {
+  unsigned glibc_size = 0;
+  const unsigned hint = glibc_registered_rseq(nullptr, &glibc_size) ? glibc_size : 0;
+  if (!kernel_confirms(area, hint, &length, &same_signature)) {
     length = 0;
   }
   errno = saved_errno;
