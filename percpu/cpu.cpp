@@ -1,12 +1,12 @@
-// The public face of percpu/cpu.hpp: names, queries and max_cpus(). Start-up,
-// registration and the slow paths behind cpu_id() are in
-// percpu/internal/registration.cpp.
+// The public face of percpu/cpu.hpp: names and max_cpus(). Start-up,
+// registration, the slow paths behind cpu_id() and the queries that read the
+// registration state (backend(), fallback_backend(), rseq_ownership(),
+// rseq_feature_size()) are in percpu/internal/registration.cpp.
 
 #include "percpu/cpu.hpp"
 
 #include <atomic>
 
-#include "percpu/internal/registration.hpp"
 #include "percpu/internal/sysfs.hpp"
 
 namespace percpu {
@@ -30,14 +30,6 @@ const char* to_string(rseq_owner owner) noexcept {
   }
   return "unknown";
 }
-
-cpu_backend backend() noexcept { return internal::thread_backend(); }
-
-cpu_backend fallback_backend() noexcept { return internal::chosen_fallback(); }
-
-rseq_owner rseq_ownership() noexcept { return internal::thread_rseq_owner(); }
-
-unsigned rseq_feature_size() noexcept { return internal::thread_rseq_feature_size(); }
 
 int max_cpus() noexcept {
   static std::atomic<int> cached{0};

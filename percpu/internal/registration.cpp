@@ -734,27 +734,31 @@ bool force_backend(cpu_backend backend) noexcept {
   return true;
 }
 
-cpu_backend thread_backend() noexcept {
-  return ensure_registered() ? cpu_backend::rseq : g_state.fallback;
-}
-
-cpu_backend chosen_fallback() noexcept { return g_state.fallback; }
-
-rseq_owner thread_rseq_owner() noexcept {
-  // percpu "owns" rseq only if registration works here; ask on this thread.
-  if (g_state.owner == rseq_owner::percpu) {
-    const rseq_area* area = thread_rseq_area();
-    if (area != nullptr && area == shared_area) return rseq_owner::other;
-    if (area == nullptr && registration_error != 0) return rseq_owner::none;
-  }
-  return g_state.owner;
-}
-
-unsigned thread_rseq_feature_size() noexcept {
-  if (g_state.owner == rseq_owner::none) return 0;
-  if (g_state.owner == rseq_owner::percpu && !ensure_registered()) return 0;
-  return g_state.feature_size;
-}
-
 }  // namespace internal
+
+// The public queries of percpu/cpu.hpp that read the registration state: here,
+// beside that state, so that the fallback's callers (cpu_hint(), every
+// operation of a thread without rseq) reach it in one call.
+cpu_backend backend() noexcept {
+  return internal::ensure_registered() ? cpu_backend::rseq : internal::g_state.fallback;
+}
+
+cpu_backend fallback_backend() noexcept { return internal::g_state.fallback; }
+
+rseq_owner rseq_ownership() noexcept {
+  // percpu "owns" rseq only if registration works here; ask on this thread.
+  if (internal::g_state.owner == rseq_owner::percpu) {
+    const internal::rseq_area* area = internal::thread_rseq_area();
+    if (area != nullptr && area == internal::shared_area) return rseq_owner::other;
+    if (area == nullptr && internal::registration_error != 0) return rseq_owner::none;
+  }
+  return internal::g_state.owner;
+}
+
+unsigned rseq_feature_size() noexcept {
+  if (internal::g_state.owner == rseq_owner::none) return 0;
+  if (internal::g_state.owner == rseq_owner::percpu && !internal::ensure_registered()) return 0;
+  return internal::g_state.feature_size;
+}
+
 }  // namespace percpu

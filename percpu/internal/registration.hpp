@@ -102,12 +102,5 @@ int rseq_registration_error() noexcept;
 // static ones. The one answer to that question in percpu and its preload.
 [[nodiscard]] bool glibc_registered_rseq(std::intptr_t* area, unsigned* size = nullptr) noexcept;
 
-// What the public queries of cpu.hpp answer for the calling thread:
-// backend(), fallback_backend(), rseq_ownership(), rseq_feature_size().
-cpu_backend thread_backend() noexcept;
-cpu_backend chosen_fallback() noexcept;
-rseq_owner thread_rseq_owner() noexcept;
-unsigned thread_rseq_feature_size() noexcept;
-
 }  // namespace internal
 }  // namespace percpu
