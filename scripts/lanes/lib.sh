@@ -41,8 +41,8 @@ vm_pack() {  # ROOT OUT.cpio.gz
 }
 
 # Boots KERNEL with INITRD on two CPUs and prints the serial console; the
-# rest of the arguments join the kernel command line. Returns qemu's status
-# (124: it took longer than LIMIT seconds).
+# rest of the arguments join the kernel command line. Returns qemu's status,
+# or timeout's when qemu took longer than LIMIT seconds.
 vm_boot() {  # ARCH KERNEL INITRD LIMIT [KERNEL_ARG...]
   local arch=$1 kernel=$2 initrd=$3 limit=$4 qemu console
   shift 4
