@@ -52,18 +52,22 @@
 //
 // Why the writer sees what readers read, and readers what writers wrote
 //   A reader's loads inside its critical section must not return a value
-//   the next writer stores after it saw that reader's unlock. x86-64 never
-//   lets a load pass a later store, so the unlock's store orders them. On
-//   weaker architectures the writer issues a second membarrier after the
-//   counts balance: each reader's last loads come before its barrier point,
-//   which comes before the writer's stores. Writer to reader: unlock()
-//   stores state_ with release order, readers read it with acquire.
+//   the next writer stores after it saw that reader's unlock. The unlock's
+//   -1 on a word is a release store, and a per-CPU unlock count follows a
+//   release fence, so the writer, which reads the counts and then fences,
+//   sees the reader's loads done before it writes. (On weaker architectures
+//   than x86-64 the writer also issues a second membarrier after the counts
+//   balance, as a belt and braces for the per-CPU counts, whose rseq stores
+//   carry no order of their own.) Writer to reader: unlock() stores state_
+//   with release order, readers read it with acquire.
 //
 // Waiting
 //   A reader that sees kWriter backs out (its -1, then a fence), wakes the
 //   writer, and sleeps on state_ (a futex) until the generation changes.
 //   Writers sleep on drained_, which every reader that leaves while kWriter
-//   is set advances. Nobody spins on a flag another thread owns.
+//   is set advances. In fence mode an unlock does not fence, so it may miss
+//   the writer's kWriter and not advance drained_; that writer's sleeps are
+//   bounded. Nobody spins on a flag another thread owns.
 
 #include "percpu/shared_mutex.hpp"
 
@@ -90,6 +94,8 @@ constexpr int kWriterYields = 16;
 // writer's unlock get in before it announces itself.
 constexpr int kReaderTurnWaits = 4;
 constexpr long kReaderTurnWaitNs = 250 * 1000;
+// The longest sleep of a fence-mode writer between two looks at the counts.
+constexpr long kFenceModeWaitNs = 1000 * 1000;
 
 [[noreturn]] void die(const char* message) noexcept {
   ssize_t ignored = write(STDERR_FILENO, message, std::strlen(message));
@@ -260,10 +266,11 @@ bool shared_mutex::try_lock_shared_counted() noexcept {
 }
 
 void shared_mutex::unlock_shared_counted() noexcept {
+  std::atomic_thread_fence(std::memory_order_release);  // as the word's release store
   unlocks_.increment();
   std::atomic_signal_fence(std::memory_order_seq_cst);
   const std::uint32_t seen = state_.load(std::memory_order_relaxed);
-  if ((seen & (kFences | kWriter)) != 0) unlock_shared_slow(seen);
+  if ((seen & kWriter) != 0) unlock_shared_slow();
 }
 
 void shared_mutex::wait_for_writer(std::uint32_t seen) noexcept {
@@ -333,12 +340,10 @@ bool shared_mutex::try_lock_shared_slow(std::uint32_t seen, word* w) noexcept {
   return false;
 }
 
-void shared_mutex::unlock_shared_slow(std::uint32_t seen) noexcept {
-  if ((seen & kWriter) == 0) {  // fence mode: order the increment before the check
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    seen = state_.load(std::memory_order_seq_cst);
-    if ((seen & kWriter) == 0) return;
-  }
+// An unlock that saw the writer: wake it. In fence mode an unlock does not
+// fence before it reads state_, so it may miss a writer that announced
+// itself meanwhile; such a writer bounds its sleeps instead (lock()).
+void shared_mutex::unlock_shared_slow() noexcept {
   drained_.fetch_add(1, std::memory_order_seq_cst);
   internal::futex_wake_all(&drained_);
 }
@@ -405,6 +410,10 @@ void shared_mutex::lock() noexcept {
     if (readers_gone()) break;
     if (round < kWriterYields) {
       sched_yield();
+    } else if ((state & kFences) != 0) {
+      // A fence-mode reader's unlock may not see this writer and not wake
+      // it (unlock_shared_slow): wake up now and then to look again.
+      internal::futex_wait(&drained_, drained, kFenceModeWaitNs);
     } else {
       internal::futex_wait(&drained_, drained);
     }

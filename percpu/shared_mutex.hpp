@@ -39,9 +39,11 @@
 //   Readers never needed rseq on their own words: without it only the
 //   threads beyond the thread slots are slower (their per-CPU counts use
 //   atomic fetch_add). Without the membarrier command (old kernel, seccomp,
-//   valgrind), the mutex switches at its first use to fence mode: readers
-//   issue a sequentially consistent fence between their update and their
-//   check, and writers a fence instead of membarrier. Both remain correct;
+//   valgrind), the mutex switches at its first use to fence mode:
+//   lock_shared() issues a sequentially consistent fence between its update
+//   and its check, writers a fence instead of membarrier, and unlock_shared()
+//   no fence at all (so a writer waiting for readers in this mode sleeps in
+//   bounded steps, as an unlock may not wake it). Both modes are correct;
 //   readers still never write a shared cache line.
 //
 // Thread safety and signals
@@ -166,7 +168,7 @@ class shared_mutex : private internal::fork_participant {
   void unlock_shared_counted() noexcept;
   void lock_shared_slow(std::uint32_t seen, word* w) noexcept;
   bool try_lock_shared_slow(std::uint32_t seen, word* w) noexcept;
-  void unlock_shared_slow(std::uint32_t seen) noexcept;
+  void unlock_shared_slow() noexcept;
   std::uint32_t initialize() noexcept;
   void back_out(word* w) noexcept;
   void wait_for_writer(std::uint32_t seen) noexcept;
@@ -264,10 +266,12 @@ inline void shared_mutex::unlock_shared() noexcept {
     unlock_shared_counted();
     return;
   }
-  add(w, -1);
+  // Release: the reads of the critical section stay before the -1 (see
+  // "Why the writer sees what readers read").
+  w->store(w->load(std::memory_order_relaxed) - 1, std::memory_order_release);
   std::atomic_signal_fence(std::memory_order_seq_cst);
   const std::uint32_t seen = state_.load(std::memory_order_relaxed);
-  if (__builtin_expect((seen & (kFences | kWriter)) != 0, 0)) unlock_shared_slow(seen);
+  if (__builtin_expect((seen & kWriter) != 0, 0)) unlock_shared_slow();
 }
 
 }  // namespace percpu
