@@ -1,9 +1,10 @@
 // Tests for percpu::shared_mutex: the standard lock wrappers, try_lock in
 // both directions, exclusion under 12 threads on 2 CPUs with affinity flips
 // and timer signals (a writer's plain pair must never be seen torn), readers
-// that unlock on another CPU, progress of writers and readers, fence mode
-// (membarrier hidden), fork with readers holding and with a writer waiting,
-// and the debug-build misuse checks. The mode variants (.glibc, .own,
+// that unlock on another CPU, read locks released on another thread,
+// threads beyond the thread slots, progress of writers and readers, fence
+// mode (membarrier hidden), fork with readers holding and with a writer
+// waiting, and the debug-build misuse checks. The mode variants (.glibc, .own,
 // .fallback) run all of it on each path.
 
 #include "percpu/shared_mutex.hpp"
