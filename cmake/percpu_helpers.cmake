@@ -9,6 +9,9 @@
 #       mode it ran in: t.glibc (glibc owns rseq), t.own (percpu registers,
 #       GLIBC_TUNABLES=glibc.pthread.rseq=0) and t.fallback (rseq fails with
 #       ENOSYS under a seccomp filter).
+#   percpu_check_sections(target...)
+#       the targets hold rseq critical sections: tests/rseq_sections_check
+#       verifies their tables (every binary of the build that has any).
 #   percpu_add_test(NAME name COMMAND ... [LABELS ...] [ENV ...] [TIMEOUT s]
 #                   [MODE glibc|own|fallback|eperm|forced] [SKIP_RETURN_CODE n])
 #       registers a test that is not one gtest binary run plainly (a script,
@@ -53,6 +56,14 @@ function(percpu_test_command out target)
   endif()
 endfunction()
 
+# A misspelt or undocumented argument stops the configure instead of being
+# dropped, so the usage above and what the parsers accept cannot drift apart.
+function(_percpu_no_unparsed caller unparsed)
+  if(unparsed)
+    message(FATAL_ERROR "${caller}: unknown arguments: ${unparsed}")
+  endif()
+endfunction()
+
 function(_percpu_common target)
   target_compile_options(${target} PRIVATE ${PERCPU_WARNINGS})
   target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR})
@@ -69,6 +80,7 @@ endfunction()
 
 function(percpu_cc_library)
   cmake_parse_arguments(L "" "NAME" "SRCS;DEPS" ${ARGN})
+  _percpu_no_unparsed(percpu_cc_library "${L_UNPARSED_ARGUMENTS}")
   add_library(${L_NAME} ${L_SRCS})
   add_library(percpu::${L_NAME} ALIAS ${L_NAME})
   _percpu_common(${L_NAME})
@@ -88,9 +100,7 @@ endfunction()
 
 function(percpu_add_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT;MODE;SKIP_RETURN_CODE" "COMMAND;LABELS;ENV" ${ARGN})
-  if(A_UNPARSED_ARGUMENTS)
-    message(FATAL_ERROR "percpu_add_test(${A_NAME}): unknown arguments ${A_UNPARSED_ARGUMENTS}")
-  endif()
+  _percpu_no_unparsed(percpu_add_test "${A_UNPARSED_ARGUMENTS}")
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT ${PERCPU_TEST_TIMEOUT})
   endif()
@@ -115,8 +125,13 @@ function(percpu_add_test)
   endif()
 endfunction()
 
+function(percpu_check_sections)
+  set_property(GLOBAL APPEND PROPERTY PERCPU_SECTION_BINARIES ${ARGN})
+endfunction()
+
 function(percpu_cc_test)
   cmake_parse_arguments(T "C" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;ENV;ARGS" ${ARGN})
+  _percpu_no_unparsed(percpu_cc_test "${T_UNPARSED_ARGUMENTS}")
   add_executable(${T_NAME} ${T_SRCS})
   _percpu_common(${T_NAME})
   if(T_C)
@@ -135,6 +150,7 @@ endfunction()
 
 function(percpu_cc_benchmark)
   cmake_parse_arguments(B "" "NAME" "SRCS;DEPS" ${ARGN})
+  _percpu_no_unparsed(percpu_cc_benchmark "${B_UNPARSED_ARGUMENTS}")
   find_package(benchmark REQUIRED)
   add_executable(${B_NAME} ${B_SRCS})
   _percpu_common(${B_NAME})
@@ -143,6 +159,7 @@ endfunction()
 
 function(percpu_add_mode_tests)
   cmake_parse_arguments(M "" "TARGET;TIMEOUT" "ARGS;LABELS" ${ARGN})
+  _percpu_no_unparsed(percpu_add_mode_tests "${M_UNPARSED_ARGUMENTS}")
   percpu_test_command(_command ${M_TARGET})
   if(PERCPU_HAVE_GLIBC_RSEQ)
     percpu_add_test(NAME ${M_TARGET}.glibc COMMAND ${_command} ${M_ARGS} MODE glibc
