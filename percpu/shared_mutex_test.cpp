@@ -81,9 +81,17 @@ TEST(SharedMutexTest, WriterWaitsForTheReaderAndNewReadersWaitForTheWriter) {
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(phase.load(), 0) << "the writer got in while a reader held the lock";
+  // The late reader starts once the writer has announced itself, which
+  // try_lock_shared() from another thread shows by failing (a sleep would
+  // not do: on a loaded machine the writer may not have run yet).
+  std::thread([&] {
+    while (m.try_lock_shared()) {
+      m.unlock_shared();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }).join();
   std::atomic<int> reader_saw{-1};
   std::thread late_reader([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // after the writer announced
     m.lock_shared();
     reader_saw.store(phase.load());
     m.unlock_shared();
