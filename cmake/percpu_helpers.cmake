@@ -9,6 +9,34 @@
 #       mode it ran in: t.glibc (glibc owns rseq), t.own (percpu registers,
 #       GLIBC_TUNABLES=glibc.pthread.rseq=0) and t.fallback (rseq fails with
 #       ENOSYS under a seccomp filter).
+#   percpu_check_sections(target...)
+#       the targets hold rseq critical sections: tests/rseq_sections_check
+#       verifies their tables (every binary of the build that has any).
+#   percpu_add_test(NAME name COMMAND ... [LABELS ...] [ENV ...] [TIMEOUT s]
+#                   [MODE glibc|own|fallback|eperm|forced] [SKIP_RETURN_CODE n])
+#       registers a test that is not one gtest binary run plainly (a script,
+#       a program under a wrapper, a variant with its own environment).
+#
+# Every test goes through percpu_add_test, which gives it ctest labels. The
+# lanes (CMakePresets.json, scripts/test.sh) choose tests by these labels,
+# never by name:
+#   core, structures, tools, preload, examples, consumer
+#                   what the test covers (valgrind runs core and structures;
+#                   the seams lane the structures)
+#   mode            a variant that imposes an rseq mode or a backend; with
+#   mode-glibc      glibc owns rseq
+#   mode-own        glibc's rseq off, percpu registers
+#   mode-fallback   rseq refused with ENOSYS by seccomp
+#   mode-eperm      rseq refused with EPERM by seccomp
+#   forced-backend  PERCPU_BACKEND forces a fallback backend
+#   needs-rseq      cannot pass without the kernel's rseq (mode-glibc and
+#                   mode-own variants, tests bringing their own registrant);
+#                   lanes that take rseq away leave these out
+#   foreign-rseq    another library registers rseq first: the test sets up
+#                   its mode itself, so lanes that impose one leave it out
+#   asm-shape       checks the instructions of optimised code, which
+#                   instrumented builds do not produce
+#   static          a statically linked program
 
 set(PERCPU_WARNINGS -Wall -Wextra)
 # Per-test time limit, in seconds; slow launchers (valgrind) raise it.
@@ -28,6 +56,14 @@ function(percpu_test_command out target)
   endif()
 endfunction()
 
+# A misspelt or undocumented argument stops the configure instead of being
+# dropped, so the usage above and what the parsers accept cannot drift apart.
+function(_percpu_no_unparsed caller unparsed)
+  if(unparsed)
+    message(FATAL_ERROR "${caller}: unknown arguments: ${unparsed}")
+  endif()
+endfunction()
+
 function(_percpu_common target)
   target_compile_options(${target} PRIVATE ${PERCPU_WARNINGS})
   target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR})
@@ -44,6 +80,7 @@ endfunction()
 
 function(percpu_cc_library)
   cmake_parse_arguments(L "" "NAME" "SRCS;DEPS" ${ARGN})
+  _percpu_no_unparsed(percpu_cc_library "${L_UNPARSED_ARGUMENTS}")
   add_library(${L_NAME} ${L_SRCS})
   add_library(percpu::${L_NAME} ALIAS ${L_NAME})
   _percpu_common(${L_NAME})
@@ -61,8 +98,40 @@ function(percpu_cc_library)
   target_link_libraries(${L_NAME} PUBLIC ${L_DEPS})
 endfunction()
 
+function(percpu_add_test)
+  cmake_parse_arguments(A "" "NAME;TIMEOUT;MODE;SKIP_RETURN_CODE" "COMMAND;LABELS;ENV" ${ARGN})
+  _percpu_no_unparsed(percpu_add_test "${A_UNPARSED_ARGUMENTS}")
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT ${PERCPU_TEST_TIMEOUT})
+  endif()
+  set(_labels ${A_LABELS})
+  if(A_MODE STREQUAL "glibc" OR A_MODE STREQUAL "own")
+    list(APPEND _labels mode mode-${A_MODE} needs-rseq)
+  elseif(A_MODE STREQUAL "fallback" OR A_MODE STREQUAL "eperm")
+    list(APPEND _labels mode mode-${A_MODE})
+  elseif(A_MODE STREQUAL "forced")
+    list(APPEND _labels mode forced-backend)
+  elseif(A_MODE)
+    message(FATAL_ERROR "percpu_add_test(${A_NAME}): unknown MODE ${A_MODE}")
+  endif()
+  list(REMOVE_DUPLICATES _labels)
+  add_test(NAME ${A_NAME} COMMAND ${A_COMMAND})
+  set_tests_properties(${A_NAME} PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS "${_labels}")
+  if(A_ENV)
+    set_tests_properties(${A_NAME} PROPERTIES ENVIRONMENT "${A_ENV}")
+  endif()
+  if(DEFINED A_SKIP_RETURN_CODE)
+    set_tests_properties(${A_NAME} PROPERTIES SKIP_RETURN_CODE ${A_SKIP_RETURN_CODE})
+  endif()
+endfunction()
+
+function(percpu_check_sections)
+  set_property(GLOBAL APPEND PROPERTY PERCPU_SECTION_BINARIES ${ARGN})
+endfunction()
+
 function(percpu_cc_test)
   cmake_parse_arguments(T "C" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;ENV;ARGS" ${ARGN})
+  _percpu_no_unparsed(percpu_cc_test "${T_UNPARSED_ARGUMENTS}")
   add_executable(${T_NAME} ${T_SRCS})
   _percpu_common(${T_NAME})
   if(T_C)
@@ -75,16 +144,13 @@ function(percpu_cc_test)
     target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main)
   endif()
   percpu_test_command(_command ${T_NAME})
-  add_test(NAME ${T_NAME} COMMAND ${_command} ${T_ARGS})
-  if(NOT T_TIMEOUT)
-    set(T_TIMEOUT ${PERCPU_TEST_TIMEOUT})
-  endif()
-  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT}
-    LABELS "${T_LABELS}" ENVIRONMENT "${T_ENV}")
+  percpu_add_test(NAME ${T_NAME} COMMAND ${_command} ${T_ARGS} LABELS ${T_LABELS}
+    ENV ${T_ENV} TIMEOUT ${T_TIMEOUT})
 endfunction()
 
 function(percpu_cc_benchmark)
   cmake_parse_arguments(B "" "NAME" "SRCS;DEPS" ${ARGN})
+  _percpu_no_unparsed(percpu_cc_benchmark "${B_UNPARSED_ARGUMENTS}")
   find_package(benchmark REQUIRED)
   add_executable(${B_NAME} ${B_SRCS})
   _percpu_common(${B_NAME})
@@ -93,21 +159,18 @@ endfunction()
 
 function(percpu_add_mode_tests)
   cmake_parse_arguments(M "" "TARGET;TIMEOUT" "ARGS;LABELS" ${ARGN})
-  if(NOT M_TIMEOUT)
-    set(M_TIMEOUT ${PERCPU_TEST_TIMEOUT})
-  endif()
+  _percpu_no_unparsed(percpu_add_mode_tests "${M_UNPARSED_ARGUMENTS}")
   percpu_test_command(_command ${M_TARGET})
   if(PERCPU_HAVE_GLIBC_RSEQ)
-    add_test(NAME ${M_TARGET}.glibc COMMAND ${_command} ${M_ARGS})
-    set_tests_properties(${M_TARGET}.glibc PROPERTIES TIMEOUT ${M_TIMEOUT}
-      LABELS "${M_LABELS};mode" ENVIRONMENT "PERCPU_EXPECT_OWNER=glibc;PERCPU_EXPECT_BACKEND=rseq")
+    percpu_add_test(NAME ${M_TARGET}.glibc COMMAND ${_command} ${M_ARGS} MODE glibc
+      LABELS ${M_LABELS} TIMEOUT ${M_TIMEOUT}
+      ENV PERCPU_EXPECT_OWNER=glibc PERCPU_EXPECT_BACKEND=rseq)
   endif()
-  add_test(NAME ${M_TARGET}.own COMMAND ${_command} ${M_ARGS})
-  set_tests_properties(${M_TARGET}.own PROPERTIES TIMEOUT ${M_TIMEOUT} LABELS "${M_LABELS};mode"
-    ENVIRONMENT "GLIBC_TUNABLES=glibc.pthread.rseq=0;PERCPU_EXPECT_OWNER=percpu;PERCPU_EXPECT_BACKEND=rseq")
+  percpu_add_test(NAME ${M_TARGET}.own COMMAND ${_command} ${M_ARGS} MODE own
+    LABELS ${M_LABELS} TIMEOUT ${M_TIMEOUT}
+    ENV GLIBC_TUNABLES=glibc.pthread.rseq=0 PERCPU_EXPECT_OWNER=percpu PERCPU_EXPECT_BACKEND=rseq)
   percpu_test_command(_seccomp seccomp_exec)
-  add_test(NAME ${M_TARGET}.fallback
-    COMMAND ${_seccomp} ENOSYS $<TARGET_FILE:${M_TARGET}> ${M_ARGS})
-  set_tests_properties(${M_TARGET}.fallback PROPERTIES TIMEOUT ${M_TIMEOUT} LABELS "${M_LABELS};mode"
-    ENVIRONMENT "PERCPU_EXPECT_OWNER=none")
+  percpu_add_test(NAME ${M_TARGET}.fallback
+    COMMAND ${_seccomp} ENOSYS $<TARGET_FILE:${M_TARGET}> ${M_ARGS} MODE fallback
+    LABELS ${M_LABELS} TIMEOUT ${M_TIMEOUT} ENV PERCPU_EXPECT_OWNER=none)
 endfunction()

@@ -297,6 +297,12 @@ void hammer(const run_options& options) {
       EXPECT_GT(flipper->flips(), 0) << "no worker was ever moved";
     }
     if (drainer.joinable()) {
+      // Likewise a starved drainer (seen in emulated VMs on a loaded host):
+      // the run goes on until it has drained once, with the same limit.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (drains.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       stop_drain.store(true);
       drainer.join();
       std::printf("take_all rounds: %ld\n", drains.load());

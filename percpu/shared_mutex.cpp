@@ -3,10 +3,13 @@
 // Why a reader and a writer never both get in
 //
 //   reader (lock_shared)                  writer (lock)
-//   R1  locks_[cpu] += 1                  W1  state_ |= kWriter
+//   R1  own word += 1                     W1  state_ |= kWriter
+//       (or locks_[cpu] += 1)
 //   R2  compiler barrier                  W2  membarrier(PRIVATE_EXPEDITED)
 //   R3  read state_                       W3  U = sum of unlocks_; fence;
-//                                             L = sum of locks_; wait until L == U
+//                                             T = sum of the words;
+//                                             L = sum of locks_;
+//                                             wait until T + L - U == 0
 //
 //   membarrier returns only after every thread of the process that was
 //   running has executed a full memory barrier, and a thread that was not
@@ -18,45 +21,62 @@
 //   - If R3 comes after B, it sees kWriter: the reader backs out.
 //   - If R3 comes before B, so does R1 (program order, and the compiler
 //     barrier keeps the compiler from sinking R1 below R3). Then R1 is
-//     visible to every thread by the end of W2, and W3 counts it in L.
+//     visible to every thread by the end of W2, and W3 counts it.
 //   Either the reader sees the writer or the writer sees the reader: never
 //   neither. This is Dekker's pattern with the reader's half of the fence
 //   paid by the writer's system call. In fence mode R2 is a real sequentially
 //   consistent fence and W2 a fence too: the same argument, symmetric.
 //
-// Why L == U means no reader is inside
-//   A reader may unlock on another CPU than it locked on, so one signed
-//   per-CPU count could read as zero while a reader holds the lock (its +1
-//   read before it landed, another reader's -1 read after it did). Locks and
-//   unlocks are therefore separate monotonic counts, and every unlock follows
-//   its own lock. W3 reads all unlocks first, fences, then all locks. A
-//   counted unlock's lock is visible by then: for a reader that got in, R1
-//   was visible by the end of W2 (above); a reader that backs out fences
-//   between its R1 and its back-out unlock. So L counts the lock of every
-//   counted unlock, plus the lock of every reader still inside: L == U only
-//   when no reader that got in before W1 is still inside, and readers after
-//   W1 back out.
+// Why a zero sum means no reader is inside
+//   Call a reader that passed R3 without seeing kWriter "in". Each in
+//   reader's +1 (on its thread's word or its CPU's locks_) is visible to W3
+//   (above). Its -1 (on the word of whichever thread unlocks, or on the
+//   unlocks_ of whichever CPU) may or may not be seen. So each in reader
+//   adds 1 (inside) or 0 or 1 (left) to the sum, never less, provided no
+//   unlock is seen without its lock. For in readers that holds (their lock
+//   is always seen). A reader that backs out does its +1 and -1 in one
+//   call, on one thread, in one place:
+//   - on a word: W3 reads one value of that word, which only its thread
+//     writes, so it sees a prefix of that thread's updates: +1 without -1,
+//     both, or neither. Never the -1 alone.
+//   - on the per-CPU counts, the +1 and the -1 may land on two CPUs, so one
+//     signed count per CPU could show the -1 alone. Locks and unlocks are
+//     therefore separate monotonic counts; the reader fences between its
+//     +1 and its back-out -1, and W3 reads all unlocks first, fences, then
+//     all locks: an unlock it counted has its lock visible by then.
+//   A word may also hold the -1 of a read lock taken on another thread (a
+//   coroutine resumed elsewhere): that lock was in, so its +1 is seen. So
+//   the sum is at least the number of readers inside, and zero means none
+//   (readers that come after W1 back out). A negative sum can only come
+//   from an unlock_shared() without its lock_shared().
 //
 // Why the writer sees what readers read, and readers what writers wrote
 //   A reader's loads inside its critical section must not return a value
-//   the next writer stores after it saw that reader's unlock. x86-64 never
-//   lets a load pass a later store, so the unlock increment orders them. On
-//   weaker architectures the writer issues a second membarrier after the
-//   counts balance: each reader's last loads come before its barrier point,
-//   which comes before the writer's stores. Writer to reader: unlock()
-//   stores state_ with release order, readers read it with acquire.
+//   the next writer stores after it saw that reader's unlock. The unlock's
+//   -1 on a word is a release store, and a per-CPU unlock count follows a
+//   release fence, so the writer, which reads the counts and then fences,
+//   sees the reader's loads done before it writes. (On weaker architectures
+//   than x86-64 the writer also issues a second membarrier after the counts
+//   balance, as a belt and braces for the per-CPU counts, whose rseq stores
+//   carry no order of their own.) Writer to reader: unlock() stores state_
+//   with release order, readers read it with acquire.
 //
 // Waiting
-//   A reader that sees kWriter backs out (a fence, then an unlock count),
-//   wakes the writer, and sleeps on state_ (a futex) until the generation
-//   changes. Writers sleep on drained_, which every reader that leaves while
-//   kWriter is set advances. Nobody spins on a flag another thread owns.
+//   A reader that sees kWriter backs out (its -1, then a fence), wakes the
+//   writer, and sleeps on state_ (a futex) until the generation changes.
+//   Writers sleep on drained_, which every reader that leaves while kWriter
+//   is set advances. In fence mode an unlock does not fence, so it may miss
+//   the writer's kWriter and not advance drained_; that writer's sleeps are
+//   bounded. Nobody spins on a flag another thread owns.
 
 #include "percpu/shared_mutex.hpp"
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdlib>
 #include <cstring>
@@ -74,6 +94,8 @@ constexpr int kWriterYields = 16;
 // writer's unlock get in before it announces itself.
 constexpr int kReaderTurnWaits = 4;
 constexpr long kReaderTurnWaitNs = 250 * 1000;
+// The longest sleep of a fence-mode writer between two looks at the counts.
+constexpr long kFenceModeWaitNs = 1000 * 1000;
 
 [[noreturn]] void die(const char* message) noexcept {
   ssize_t ignored = write(STDERR_FILENO, message, std::strlen(message));
@@ -104,6 +126,8 @@ bool holds_read_lock(const void* mutex) noexcept {
 }  // namespace
 
 namespace internal {
+
+std::intptr_t g_reader_index_offset = 0;
 
 void note_read_locked(const void* mutex) noexcept {
 #ifndef NDEBUG
@@ -140,13 +164,43 @@ void note_read_unlocked(const void* mutex) noexcept {
 
 }  // namespace internal
 
+namespace {
+constexpr std::size_t kWordsBytes = sizeof(internal::reader_word) * internal::kThreadSlots;
+}  // namespace
+
 shared_mutex::~shared_mutex() {
   if ((state_.load(std::memory_order_acquire) & kUninit) == 0) unregister_for_fork();
+  internal::reader_word* words = words_.load(std::memory_order_relaxed);
+  if (words != nullptr) munmap(words, kWordsBytes);
 }
 
+// Maps the thread words (zero-filled: nobody counted), unless another
+// thread did first. Threads keep the per-CPU counts if the mapping fails.
+static_assert(sizeof(internal::reader_word) == 64, "one cache line per thread slot");
+
 // Chooses the mode once per mutex: membarrier if the process can use it,
-// fences otherwise. The winner of the race registers the mutex for fork.
+// fences otherwise, and maps the thread words. The winner of the race
+// registers the mutex for fork.
 std::uint32_t shared_mutex::initialize() noexcept {
+  if (words_.load(std::memory_order_acquire) == nullptr) {
+    const int saved_errno = errno;
+    void* memory =
+        mmap(nullptr, kWordsBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    errno = saved_errno;
+    if (memory != MAP_FAILED) {
+      // Every thread slot's index lives at this one offset in static TLS.
+      __atomic_store_n(&internal::g_reader_index_offset,
+                       reinterpret_cast<char*>(&internal::t_thread_index_plus_one) -
+                           internal::thread_pointer(),
+                       __ATOMIC_RELAXED);
+      internal::reader_word* expected = nullptr;
+      if (!words_.compare_exchange_strong(expected, static_cast<internal::reader_word*>(memory),
+                                          std::memory_order_acq_rel,
+                                          std::memory_order_acquire)) {
+        munmap(memory, kWordsBytes);
+      }
+    }
+  }
   const std::uint32_t mode = internal::barrier_available() ? 0 : kFences;
   std::uint32_t seen = state_.load(std::memory_order_acquire);
   while ((seen & kUninit) != 0) {
@@ -160,14 +214,63 @@ std::uint32_t shared_mutex::initialize() noexcept {
   return seen;
 }
 
-// Undoes a lock increment that met a writer. The fence makes that increment
-// visible before the unlock that cancels it (see "Why L == U").
-void shared_mutex::back_out() noexcept {
+void shared_mutex::count_lock(word* w) noexcept {
+  if (w != nullptr) {
+    add(w, 1);
+  } else {
+    locks_.increment();
+  }
+}
+
+void shared_mutex::count_unlock(word* w) noexcept {
+  if (w != nullptr) {
+    add(w, -1);
+  } else {
+    unlocks_.increment();
+  }
+}
+
+// Undoes a lock count that met a writer, in the same place. The first fence
+// makes a per-CPU lock count visible before the unlock that cancels it (see
+// "Why a zero sum"); a word needs none, but this is the slow path.
+void shared_mutex::back_out(word* w) noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  unlocks_.increment();
+  count_unlock(w);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   drained_.fetch_add(1, std::memory_order_seq_cst);
   internal::futex_wake_all(&drained_);
+}
+
+// The thread has no word to count on yet (its first read lock, or the
+// mutex's first use) or none at all (beyond the thread slots).
+void shared_mutex::lock_shared_counted() noexcept {
+  if (words_.load(std::memory_order_acquire) != nullptr && internal::t_thread_index_plus_one == 0) {
+    (void)internal::thread_index();  // claims one for this and later calls
+  }
+  word* w = reader_word();
+  count_lock(w);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  const std::uint32_t seen = state_.load(std::memory_order_acquire);
+  if ((seen & kSlowBits) != 0) lock_shared_slow(seen, w);
+}
+
+bool shared_mutex::try_lock_shared_counted() noexcept {
+  if (words_.load(std::memory_order_acquire) != nullptr && internal::t_thread_index_plus_one == 0) {
+    (void)internal::thread_index();
+  }
+  word* w = reader_word();
+  count_lock(w);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  const std::uint32_t seen = state_.load(std::memory_order_acquire);
+  return (seen & kSlowBits) == 0 || try_lock_shared_slow(seen, w);
+}
+
+void shared_mutex::unlock_shared_counted() noexcept {
+  std::atomic_thread_fence(std::memory_order_release);  // as the word's release store
+  unlocks_.increment();
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  const std::uint32_t seen = state_.load(std::memory_order_relaxed);
+  if ((seen & kWriter) != 0) unlock_shared_slow();
 }
 
 void shared_mutex::wait_for_writer(std::uint32_t seen) noexcept {
@@ -187,14 +290,14 @@ void shared_mutex::wait_for_writer(std::uint32_t seen) noexcept {
   }
 }
 
-void shared_mutex::lock_shared_slow(std::uint32_t seen) noexcept {
-  // Our increment is already in locks_.
+void shared_mutex::lock_shared_slow(std::uint32_t seen, word* w) noexcept {
+  // Our count is already in w (or locks_ when w is nullptr).
   if ((seen & (kUninit | kWriter)) == 0) {  // fence mode, no writer seen
     std::atomic_thread_fence(std::memory_order_seq_cst);
     seen = state_.load(std::memory_order_seq_cst);
     if ((seen & kWriter) == 0) return;
   }
-  back_out();
+  back_out(w);
   for (;;) {
     seen = state_.load(std::memory_order_acquire);
     if ((seen & kUninit) != 0) seen = initialize();
@@ -202,7 +305,13 @@ void shared_mutex::lock_shared_slow(std::uint32_t seen) noexcept {
       wait_for_writer(seen);
       continue;
     }
-    locks_.increment();
+    // initialize() may have just mapped the words.
+    if (words_.load(std::memory_order_acquire) != nullptr &&
+        internal::t_thread_index_plus_one == 0) {
+      (void)internal::thread_index();
+    }
+    w = reader_word();
+    count_lock(w);
     if ((seen & kFences) != 0) {
       std::atomic_thread_fence(std::memory_order_seq_cst);
     } else {
@@ -210,14 +319,15 @@ void shared_mutex::lock_shared_slow(std::uint32_t seen) noexcept {
     }
     seen = state_.load(std::memory_order_seq_cst);
     if ((seen & kWriter) == 0) return;
-    back_out();
+    back_out(w);
   }
 }
 
-bool shared_mutex::try_lock_shared_slow(std::uint32_t seen) noexcept {
+bool shared_mutex::try_lock_shared_slow(std::uint32_t seen, word* w) noexcept {
   if ((seen & kUninit) != 0) {
     // Nobody can have relied on a mode yet; choose it, then decide as the
-    // chosen mode would have.
+    // chosen mode would have. Our count stays where it is: the words being
+    // mapped now changes where later counts go, not where this one went.
     seen = initialize();
     if ((seen & kFences) != 0) std::atomic_thread_fence(std::memory_order_seq_cst);
     seen = state_.load(std::memory_order_seq_cst);
@@ -226,16 +336,14 @@ bool shared_mutex::try_lock_shared_slow(std::uint32_t seen) noexcept {
     seen = state_.load(std::memory_order_seq_cst);
   }
   if ((seen & kWriter) == 0) return true;
-  back_out();
+  back_out(w);
   return false;
 }
 
-void shared_mutex::unlock_shared_slow(std::uint32_t seen) noexcept {
-  if ((seen & kWriter) == 0) {  // fence mode: order the increment before the check
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    seen = state_.load(std::memory_order_seq_cst);
-    if ((seen & kWriter) == 0) return;
-  }
+// An unlock that saw the writer: wake it. In fence mode an unlock does not
+// fence before it reads state_, so it may miss a writer that announced
+// itself meanwhile; such a writer bounds its sleeps instead (lock()).
+void shared_mutex::unlock_shared_slow() noexcept {
   drained_.fetch_add(1, std::memory_order_seq_cst);
   internal::futex_wake_all(&drained_);
 }
@@ -261,12 +369,23 @@ void shared_mutex::fence_readers(std::uint32_t state) noexcept {
   }
 }
 
-// W3: unlocks first, then locks (see "Why L == U").
+// W3: unlocks first, then the words, then locks (see "Why a zero sum").
 bool shared_mutex::readers_gone() const noexcept {
   const std::int64_t unlocks = unlocks_.load();
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  const std::int64_t locks = locks_.load();
-  return locks == unlocks;
+  std::int64_t sum = 0;
+  const internal::reader_word* words = words_.load(std::memory_order_acquire);
+  for (int i = 0; words != nullptr && i < internal::kThreadSlots; ++i) {
+    sum += words[i].count.load(std::memory_order_relaxed);
+  }
+  sum += locks_.load() - unlocks;
+#ifndef NDEBUG
+  if (sum < 0) {
+    die("percpu::shared_mutex: more read unlocks than read locks (unlock_shared() without "
+        "lock_shared())\n");
+  }
+#endif
+  return sum == 0;
 }
 
 void shared_mutex::lock() noexcept {
@@ -291,6 +410,10 @@ void shared_mutex::lock() noexcept {
     if (readers_gone()) break;
     if (round < kWriterYields) {
       sched_yield();
+    } else if ((state & kFences) != 0) {
+      // A fence-mode reader's unlock may not see this writer and not wake
+      // it (unlock_shared_slow): wake up now and then to look again.
+      internal::futex_wait(&drained_, drained, kFenceModeWaitNs);
     } else {
       internal::futex_wait(&drained_, drained);
     }

@@ -1,23 +1,32 @@
 // percpu/shared_mutex.hpp: a reader-writer lock whose readers write only
-// their own CPU's cache line.
+// a word of their own thread.
 //
 // What it is for
 //   Data read by many threads and written rarely: configuration, routing
-//   tables, a registry. lock_shared() adds one to the calling CPU's slot of a
-//   per-CPU count of read locks (percpu::counter: an rseq add, no atomic
-//   read-modify-write, no shared cache line written), then reads the writer
-//   state. unlock_shared() adds one to a second per-CPU count, of unlocks.
-//   A writer announces itself in the state word, fences every thread of the
-//   process with membarrier(PRIVATE_EXPEDITED), and waits until the unlocks
-//   add up to the locks. The lock meets the standard's SharedLockable and
-//   Lockable requirements: std::shared_lock, std::unique_lock and
-//   std::scoped_lock work with it.
+//   tables, a registry. lock_shared() adds one to the calling thread's own
+//   word in this mutex (a plain load and store: no atomic read-modify-write,
+//   no rseq section, no shared cache line written), then reads the writer
+//   state; unlock_shared() subtracts one from the word of the thread that
+//   calls it. A writer announces itself in the state word, fences every
+//   thread of the process with membarrier(PRIVATE_EXPEDITED), and waits
+//   until the sum of every thread's word (and of the per-CPU counts below)
+//   is zero. The lock meets the standard's SharedLockable and Lockable
+//   requirements: std::shared_lock, std::unique_lock and std::scoped_lock
+//   work with it.
+//
+//   Threads beyond the process's thread slots (internal::kThreadSlots live
+//   threads), and every thread when the words could not be mapped, count on
+//   two per-CPU counts instead, of locks and of unlocks (percpu::counter:
+//   an rseq add with rseq, a relaxed fetch_add on the CPU's own line
+//   without).
 //
 // When not to use it
 //   When writes are frequent: each lock() costs a membarrier system call
-//   (an interrupt to every CPU running this process) and a walk over two
-//   per-CPU arrays. When you need recursion, upgrades or timed locking: none
-//   is offered. When memory is tight: two cache lines per possible CPU.
+//   (an interrupt to every CPU running this process) and a walk over one
+//   word per thread slot and two per-CPU arrays. When you need recursion,
+//   upgrades or timed locking: none is offered. When memory is tight: each
+//   mutex maps one cache line per thread slot (internal::kThreadSlots lines)
+//   at its first use, and holds two more per possible CPU.
 //
 // Fairness
 //   Readers that arrive after a writer announced itself wait behind it, so
@@ -27,21 +36,33 @@
 //   starve readers either.
 //
 // Without rseq or without membarrier
-//   Without rseq, the counts are the counter's atomic words (one relaxed
-//   fetch_add on the CPU's own line). Without the membarrier command
-//   (old kernel, seccomp, valgrind), the mutex switches at its first use to
-//   fence mode: readers issue a sequentially consistent fence between their
-//   increment and their check, and writers a fence instead of membarrier.
-//   Both remain correct; readers still never write a shared cache line.
+//   Readers never needed rseq on their own words: without it only the
+//   threads beyond the thread slots are slower (their per-CPU counts use
+//   atomic fetch_add). Without the membarrier command (old kernel, seccomp,
+//   valgrind), the mutex switches at its first use to fence mode:
+//   lock_shared() issues a sequentially consistent fence between its update
+//   and its check, writers a fence instead of membarrier, and unlock_shared()
+//   no fence at all (so a writer waiting for readers in this mode sleeps in
+//   bounded steps, as an unlock may not wake it). Both modes are correct;
+//   readers still never write a shared cache line.
 //
 // Thread safety and signals
 //   All members are thread-safe. A reader may lock on one CPU and unlock on
-//   another, but unlock_shared() must be called by the thread that locked
-//   (as for std::shared_mutex). lock_shared(), try_lock_shared() and
-//   unlock_shared() are async-signal-safe once the mutex has been used once
-//   outside a signal handler (its first use registers it for fork, which
-//   takes a mutex), with one rule: a thread (or a handler that interrupted
-//   it) must not take a read lock it already holds when a writer may be
+//   another. It may also unlock on another thread than the one that locked
+//   (a coroutine resumed elsewhere): the words are signed and the writer
+//   sums them all, so a +1 on one thread's word and a -1 on another's still
+//   balance, even after either thread exits (a thread that takes over an
+//   exited thread's slot takes over its word). Debug builds keep their
+//   misuse checks per thread, though, and report such an unlock as misuse:
+//   code that moves read locks between threads must build with NDEBUG.
+//   lock_shared(), try_lock_shared() and unlock_shared() are
+//   async-signal-safe once the mutex has been used once outside a signal
+//   handler (its first use maps the words and registers it for fork, which
+//   takes a mutex), with two rules: a signal handler releases every read
+//   lock it takes before it returns, and never releases one that the code it
+//   interrupted took (the interrupted code may be between the load and the
+//   store of the same word); and a thread (or a handler that interrupted it)
+//   must not take a read lock it already holds when a writer may be
 //   waiting, as that writer waits for the read lock the thread holds. Debug
 //   builds (NDEBUG not defined) detect that case, lock() by a thread holding
 //   a read lock, and unlock_shared() without lock_shared(): each prints one
@@ -69,6 +90,8 @@
 #include "percpu/counter.hpp"
 #include "percpu/internal/cpu_slots.hpp"
 #include "percpu/internal/fork_registry.hpp"
+#include "percpu/internal/thread_pointer.hpp"
+#include "percpu/internal/thread_slots.hpp"
 
 #if defined(__SANITIZE_THREAD__)
 #define PERCPU_TSAN 1
@@ -89,6 +112,20 @@ namespace internal {
 // can share one library.
 void note_read_locked(const void* mutex) noexcept;
 void note_read_unlocked(const void* mutex) noexcept;
+
+// The offset of t_thread_index_plus_one from the thread pointer, 0 until
+// the first shared_mutex is initialised. Read through a fresh thread
+// pointer on every call, so a coroutine resumed on another thread counts on
+// that thread's word (see cpu.hpp).
+extern std::intptr_t g_reader_index_offset;
+
+// One thread slot's count of read locks in one mutex: +1 per lock, -1 per
+// unlock by the thread holding the slot. Written only by that thread (and
+// its signal handlers), with a relaxed load and a relaxed store; read by
+// writers.
+struct alignas(64) reader_word {
+  std::atomic<std::int64_t> count;
+};
 }  // namespace internal
 
 class shared_mutex : private internal::fork_participant {
@@ -122,11 +159,20 @@ class shared_mutex : private internal::fork_participant {
   static constexpr std::uint32_t kSlowBits = kUninit | kFences | kWriter;
   static constexpr std::uint32_t kGeneration = 8;
 
-  void lock_shared_slow(std::uint32_t seen) noexcept;
-  bool try_lock_shared_slow(std::uint32_t seen) noexcept;
-  void unlock_shared_slow(std::uint32_t seen) noexcept;
+  using word = std::atomic<std::int64_t>;
+  // The calling thread's word, or nullptr: the per-CPU counts then.
+  word* reader_word() const noexcept;
+  static void add(word* w, std::int64_t step) noexcept;
+  void count_lock(word* w) noexcept;
+  void count_unlock(word* w) noexcept;
+  void lock_shared_counted() noexcept;
+  bool try_lock_shared_counted() noexcept;
+  void unlock_shared_counted() noexcept;
+  void lock_shared_slow(std::uint32_t seen, word* w) noexcept;
+  bool try_lock_shared_slow(std::uint32_t seen, word* w) noexcept;
+  void unlock_shared_slow() noexcept;
   std::uint32_t initialize() noexcept;
-  void back_out() noexcept;
+  void back_out(word* w) noexcept;
   void wait_for_writer(std::uint32_t seen) noexcept;
   bool readers_gone() const noexcept;
   void lock_writers() noexcept;
@@ -137,6 +183,9 @@ class shared_mutex : private internal::fork_participant {
 
   // Read by every reader; written by writers, and once by initialize().
   std::atomic<std::uint32_t> state_{kUninit};
+  // kThreadSlots words, mapped by initialize(); nullptr before, or if the
+  // mapping failed.
+  std::atomic<internal::reader_word*> words_{nullptr};
   counter locks_;
   counter unlocks_;
   // Writers' side, on its own line.
@@ -154,21 +203,53 @@ class shared_mutex : private internal::fork_participant {
 
 // The reader fast path. The ordering argument is in shared_mutex.cpp
 // ("Why a reader and a writer never both get in").
+//
+// words_ with acquire order: initialize() sets g_reader_index_offset before
+// it publishes the words, so a reader that sees them reads a real offset.
+inline shared_mutex::word* shared_mutex::reader_word() const noexcept {
+  internal::reader_word* words = words_.load(std::memory_order_acquire);
+  if (__builtin_expect(words == nullptr, 0)) return nullptr;
+  const int plus_one = internal::load_tp_relative_i32(
+      __atomic_load_n(&internal::g_reader_index_offset, __ATOMIC_RELAXED));
+  if (__builtin_expect(plus_one <= 0, 0)) return nullptr;
+  return &words[plus_one - 1].count;
+}
+
+// Only the owning thread writes its word, so a load and a store make the
+// add. A signal handler that interrupts them between the load and the store
+// and takes and releases read locks leaves the word as it found it (its
+// adds sum to zero), so the interrupted store writes the right value.
+inline void shared_mutex::add(word* w, std::int64_t step) noexcept {
+  w->store(w->load(std::memory_order_relaxed) + step, std::memory_order_relaxed);
+}
+
 inline void shared_mutex::lock_shared() noexcept {
-  locks_.increment();
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  const std::uint32_t seen = state_.load(std::memory_order_acquire);
-  if (__builtin_expect((seen & kSlowBits) != 0, 0)) lock_shared_slow(seen);
+  word* w = reader_word();
+  if (__builtin_expect(w != nullptr, 1)) {
+    add(w, 1);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    const std::uint32_t seen = state_.load(std::memory_order_acquire);
+    if (__builtin_expect((seen & kSlowBits) != 0, 0)) lock_shared_slow(seen, w);
+  } else {
+    lock_shared_counted();
+  }
 #ifndef NDEBUG
   internal::note_read_locked(this);
 #endif
 }
 
 inline bool shared_mutex::try_lock_shared() noexcept {
-  locks_.increment();
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  const std::uint32_t seen = state_.load(std::memory_order_acquire);
-  if (__builtin_expect((seen & kSlowBits) != 0, 0) && !try_lock_shared_slow(seen)) return false;
+  word* w = reader_word();
+  if (__builtin_expect(w != nullptr, 1)) {
+    add(w, 1);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    const std::uint32_t seen = state_.load(std::memory_order_acquire);
+    if (__builtin_expect((seen & kSlowBits) != 0, 0) && !try_lock_shared_slow(seen, w)) {
+      return false;
+    }
+  } else if (!try_lock_shared_counted()) {
+    return false;
+  }
 #ifndef NDEBUG
   internal::note_read_locked(this);
 #endif
@@ -182,10 +263,17 @@ inline void shared_mutex::unlock_shared() noexcept {
 #if defined(PERCPU_TSAN)
   __tsan_release(this);  // TSan cannot see membarrier; the writer acquires this
 #endif
-  unlocks_.increment();
+  word* w = reader_word();
+  if (__builtin_expect(w == nullptr, 0)) {
+    unlock_shared_counted();
+    return;
+  }
+  // Release: the reads of the critical section stay before the -1 (see
+  // "Why the writer sees what readers read").
+  w->store(w->load(std::memory_order_relaxed) - 1, std::memory_order_release);
   std::atomic_signal_fence(std::memory_order_seq_cst);
   const std::uint32_t seen = state_.load(std::memory_order_relaxed);
-  if (__builtin_expect((seen & (kFences | kWriter)) != 0, 0)) unlock_shared_slow(seen);
+  if (__builtin_expect((seen & kWriter) != 0, 0)) unlock_shared_slow();
 }
 
 }  // namespace percpu

@@ -1,5 +1,7 @@
 // percpu::shared_mutex against the alternatives, at 1 and 2 threads:
 //   Read/Percpu       lock_shared + unlock_shared
+//   Read/PercpuFences the same on a mutex that chose fence mode (membarrier
+//                     hidden from it, as under seccomp or valgrind)
 //   Read/StdShared    std::shared_mutex
 //   Read/Pthread      pthread_rwlock_t
 //   Read/TbbSpin      tbb::spin_rw_mutex (when TBB is installed)
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "percpu/cpu.hpp"
+#include "percpu/internal/cpu_slots.hpp"
 #include "percpu/shared_mutex.hpp"
 
 #if defined(PERCPU_HAVE_TBB)
@@ -54,6 +57,30 @@ void BM_Read_Percpu(benchmark::State& state) {
   for (auto _ : state) {
     g_percpu.lock_shared();
     g_percpu.unlock_shared();
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+// A mutex chooses its mode at its first use; this one makes that choice
+// while membarrier is hidden, and keeps it.
+percpu::shared_mutex& fence_mode_mutex() {
+  static percpu::shared_mutex* m = [] {
+    auto* made = new percpu::shared_mutex;
+    percpu::internal::simulate_missing_membarrier(true);
+    made->lock_shared();
+    made->unlock_shared();
+    percpu::internal::simulate_missing_membarrier(false);
+    return made;
+  }();
+  return *m;
+}
+
+void BM_Read_PercpuFences(benchmark::State& state) {
+  label(state);
+  percpu::shared_mutex& m = fence_mode_mutex();
+  for (auto _ : state) {
+    m.lock_shared();
+    m.unlock_shared();
   }
   state.SetItemsProcessed(state.iterations());
 }
@@ -141,6 +168,7 @@ void BM_WriteLatency_StdShared(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_Read_Percpu)->Threads(1)->Threads(2);
+BENCHMARK(BM_Read_PercpuFences)->Threads(1)->Threads(2);
 BENCHMARK(BM_Read_StdShared)->Threads(1)->Threads(2);
 BENCHMARK(BM_Read_Pthread)->Threads(1)->Threads(2);
 #if defined(PERCPU_HAVE_TBB)

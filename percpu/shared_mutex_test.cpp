@@ -1,9 +1,10 @@
 // Tests for percpu::shared_mutex: the standard lock wrappers, try_lock in
 // both directions, exclusion under 12 threads on 2 CPUs with affinity flips
 // and timer signals (a writer's plain pair must never be seen torn), readers
-// that unlock on another CPU, progress of writers and readers, fence mode
-// (membarrier hidden), fork with readers holding and with a writer waiting,
-// and the debug-build misuse checks. The mode variants (.glibc, .own,
+// that unlock on another CPU, read locks released on another thread,
+// threads beyond the thread slots, progress of writers and readers, fence
+// mode (membarrier hidden), fork with readers holding and with a writer
+// waiting, and the debug-build misuse checks. The mode variants (.glibc, .own,
 // .fallback) run all of it on each path.
 
 #include "percpu/shared_mutex.hpp"
@@ -80,9 +81,17 @@ TEST(SharedMutexTest, WriterWaitsForTheReaderAndNewReadersWaitForTheWriter) {
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(phase.load(), 0) << "the writer got in while a reader held the lock";
+  // The late reader starts once the writer has announced itself, which
+  // try_lock_shared() from another thread shows by failing (a sleep would
+  // not do: on a loaded machine the writer may not have run yet).
+  std::thread([&] {
+    while (m.try_lock_shared()) {
+      m.unlock_shared();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }).join();
   std::atomic<int> reader_saw{-1};
   std::thread late_reader([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // after the writer announced
     m.lock_shared();
     reader_saw.store(phase.load());
     m.unlock_shared();
@@ -460,6 +469,106 @@ TEST(SharedMutexStressTest, ForkInsideAWriteSection) {
   m.unlock();
   EXPECT_TRUE(m.try_lock_shared());
   m.unlock_shared();
+}
+
+// A read lock taken on one thread and released on another (a coroutine
+// resumed elsewhere): the +1 lands on the first thread's word, the -1 on the
+// second's, and the writer must see them balance, also after the first
+// thread has exited. Debug builds track read locks per thread, so the test
+// moves that bookkeeping along with the lock (a release build has none).
+TEST(SharedMutexTest, ReadLockReleasedOnAnotherThreadBalances) {
+  shared_mutex m;
+  std::atomic<int> first_index{-2}, second_index{-2};
+  for (int round = 0; round < 100; ++round) {
+    std::thread first([&] {
+      first_index = internal::thread_index();
+      m.lock_shared();
+#ifndef NDEBUG
+      internal::note_read_unlocked(&m);  // the lock leaves this thread
+#endif
+    });
+    first.join();
+    EXPECT_FALSE(m.try_lock()) << "a writer got in while a moved read lock was held";
+    std::thread second([&] {
+      second_index = internal::thread_index();
+#ifndef NDEBUG
+      internal::note_read_locked(&m);  // and arrives on this one
+#endif
+      m.unlock_shared();
+    });
+    second.join();
+    ASSERT_TRUE(m.try_lock()) << "round " << round << ": the moved read lock did not balance";
+    m.unlock();
+  }
+  // The point is two different words; threads without a slot would count
+  // on the per-CPU counts instead.
+  ASSERT_GE(first_index.load(), 0);
+  ASSERT_GE(second_index.load(), 0);
+  // And a writer that waits for a moved read lock is let in by its unlock.
+  m.lock_shared();
+#ifndef NDEBUG
+  internal::note_read_unlocked(&m);
+#endif
+  std::atomic<bool> written{false};
+  std::thread writer([&] {
+    m.lock();
+    written = true;
+    m.unlock();
+  });
+  std::thread other([&] {
+#ifndef NDEBUG
+    internal::note_read_locked(&m);
+#endif
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_FALSE(written.load());
+    m.unlock_shared();
+  });
+  other.join();
+  writer.join();
+  EXPECT_TRUE(written.load());
+}
+
+// More live threads than thread slots: the ones without a slot count on the
+// per-CPU counts, and a writer must wait for their read locks as well.
+TEST(SharedMutexTest, ThreadsBeyondTheThreadSlotsStillCount) {
+  shared_mutex m;
+  constexpr int kThreads = internal::kThreadSlots + 8;
+  std::atomic<int> locked{0}, without_slot{0}, unlocked_with_slot{0};
+  std::atomic<int> phase{0};  // 1: threads with a slot unlock; 2: the others
+  std::vector<std::thread> threads;
+  threads.reserve(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      const bool has_slot = internal::thread_index() >= 0;
+      if (!has_slot) without_slot.fetch_add(1);
+      m.lock_shared();
+      locked.fetch_add(1);
+      const int mine = has_slot ? 1 : 2;
+      while (phase.load() < mine) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      m.unlock_shared();
+      if (has_slot) unlocked_with_slot.fetch_add(1);
+      // Stay alive (and keep the slot) until everyone has unlocked.
+      while (phase.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+  }
+  while (locked.load() < kThreads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_FALSE(m.try_lock());
+  ASSERT_GT(without_slot.load(), 0) << "every thread found a slot: nothing tested";
+  phase = 1;
+  while (unlocked_with_slot.load() < kThreads - without_slot.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // Only the threads without a slot hold read locks now, on the counts.
+  EXPECT_FALSE(m.try_lock()) << "a writer missed read locks counted on the per-CPU counts";
+  phase = 2;
+  bool got = false;
+  for (int i = 0; i < 2000 && !(got = m.try_lock()); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(got) << "the read locks did not balance";
+  if (got) m.unlock();
+  phase = 3;
+  for (std::thread& t : threads) t.join();
 }
 
 // ---- misuse ------------------------------------------------------------------

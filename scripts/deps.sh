@@ -3,7 +3,8 @@
 # installed. As root it installs what is missing; otherwise it prints the
 # exact apt-get line and fails.
 #
-# Groups: build (compiler, CMake, GoogleTest, Google Benchmark, CLI11),
+# Groups: build (compiler, CMake, GoogleTest, Google Benchmark, CLI11,
+#                nlohmann-json for percpu-bench's JSON),
 #         clang, valgrind, aarch64 (cross compiler, qemu-user, qemu-system),
 #         allocators (jemalloc, gperftools' tcmalloc),
 #         sync (TBB and liburcu, the benchmarks of shared_mutex and ref).
@@ -13,7 +14,7 @@ packages=()
 for group in "$@"; do
   case "$group" in
     build) packages+=(build-essential cmake ninja-build pkg-config libgtest-dev libbenchmark-dev
-                      libcli11-dev binutils python3) ;;
+                      libcli11-dev nlohmann-json3-dev binutils python3) ;;
     clang) packages+=(clang) ;;
     valgrind) packages+=(valgrind) ;;
     aarch64) packages+=(g++-aarch64-linux-gnu qemu-user qemu-system-arm cpio) ;;

@@ -62,104 +62,56 @@ done
 groups+=(allocators sync aarch64)  # benchmarks link the allocators, TBB and liburcu; the aarch64 probe is always checked
 "$root/scripts/deps.sh" "${groups[@]}" || exit 1
 
-configure_and_build() {  # dir, cmake args...
-  local dir=$1; shift
-  cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERCPU_KEEP_ASSERTS=ON \
-        -DPERCPU_WERROR=ON -DPERCPU_REQUIRE_AARCH64_PROBE=ON "$@" >"$dir.configure.log" 2>&1 ||
-    { cat "$dir.configure.log"; return 1; }
-  cmake --build "$dir" -j "$jobs" >"$dir.build.log" 2>&1 || { tail -60 "$dir.build.log"; return 1; }
+# The build and test configurations of the lanes that run ctest live in
+# CMakePresets.json (one configure, build and test preset per lane, building
+# in build/lanes/NAME), and choose tests by ctest label (the list is in
+# cmake/percpu_helpers.cmake); each test preset's description says why it
+# leaves out what it does. A contributor runs the same without this script:
+#   cmake --preset asan-ubsan && cmake --build --preset asan-ubsan && ctest --preset asan-ubsan
+configure_and_build() {  # preset
+  local log="$root/build/lanes/$1"
+  (cd "$root" && cmake --preset "$1") >"$log.configure.log" 2>&1 || { cat "$log.configure.log"; return 1; }
+  (cd "$root" && cmake --build --preset "$1" -j "$jobs") >"$log.build.log" 2>&1 ||
+    { tail -60 "$log.build.log"; return 1; }
 }
 
-run_ctest() {  # dir, ctest args...
-  local dir=$1; shift
-  (cd "$dir" && ctest -j "$jobs" --timeout 900 "$@")
+run_ctest() {  # test preset, [command that wraps ctest...]
+  local preset=$1; shift
+  (cd "$root" && "$@" ctest --preset "$preset" -j "$jobs")
 }
 
-lane_default() {
-  configure_and_build "$B" && run_ctest "$B"
+preset_lane() {  # the lane's presets: configure, build, test
+  configure_and_build "$1" && run_ctest "$1"
 }
 
-lane_clang() {
-  configure_and_build "$B" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-    -DCMAKE_CXX_STANDARD=20 && run_ctest "$B"
-}
-
-lane_asan-ubsan() {
-  local flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-  configure_and_build "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPERCPU_BUILD_BENCHMARKS=OFF \
-    "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags" \
-    "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" \
-    "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=address,undefined" &&
-    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-      run_ctest "$B" -E 'fast_path|preload'
-  # Excluded: fast_path (instrumented code is not the shape users get) and the
-  # preload test (ASan's runtime must come first in a process's libraries, so
-  # an LD_PRELOAD'ed instrumented library cannot start); both run in the
-  # default and clang lanes.
-}
-
-lane_tsan() {
-  # TSan cannot see the kernel restarting a critical section, so it would
-  # misread the per-CPU slots' plain stores. On the fallback every shared
-  # write is an atomic it understands. Mode variants that demand rseq, the
-  # other-registrant tests (they share a registered area's sections) and the
-  # preload test (TSan's runtime cannot be preloaded under) are excluded.
-  # The fork-under-load stress cases are left to the other lanes: TSan's
-  # runtime cannot start threads in the child of a multithreaded fork.
-  # -Wno-tsan: GCC warns that TSan does not model standalone fences; the
-  # fence in slot_lock.cpp orders sections against lockers, and no section
-  # runs on this lane's fallback paths.
-  configure_and_build "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPERCPU_BUILD_BENCHMARKS=OFF \
-    "-DCMAKE_C_FLAGS=-fsanitize=thread" "-DCMAKE_CXX_FLAGS=-fsanitize=thread -Wno-tsan" \
-    "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread" &&
-    PERCPU_BACKEND=syscall TSAN_OPTIONS=halt_on_error=1 GTEST_FILTER='-*ForkDuringHeavyUse' \
-      run_ctest "$B" -E '\.(glibc|own)$|forced_|seccomp_eperm|preload|fast_path|consumer|example|foreign_rseq'
-}
-
-# --fair-sched: valgrind runs one thread at a time, and its default lock lets
-# twelve busy workers starve the thread that would stop them.
-# The fork-under-load stress cases (ForkDuringHeavyUse, ForkWhile*) run in
-# every other lane, not here: a child forked from busy threads loses their
-# stacks, so what only they pointed to (their std::thread states) reads as
-# definitely lost in the child. Also left out: foreign_rseq_* (another
-# registrant needs rseq, which valgrind lacks) and the static early-use test
-# (memcheck reports static glibc's own loader code, which percpu's pin of its
-# object calls, and a static program's malloc is not valgrind's to check).
-lane_valgrind() {
-  configure_and_build "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPERCPU_BUILD_BENCHMARKS=OFF \
-    -DPERCPU_TEST_TIMEOUT=1500 "-DPERCPU_TEST_LAUNCHER=valgrind;--fair-sched=yes;--error-exitcode=97;--leak-check=full;--errors-for-leak-kinds=definite;-q" &&
-    PERCPU_UNDER_VALGRIND=1 PERCPU_STRESS_SCALE=0.2 GTEST_FILTER='-*ForkDuringHeavyUse:*ForkWhile*' \
-      run_ctest "$B" -L 'core|structures' -E '\.(glibc|own|fallback)$|forced_|seccomp_eperm|fast_path|foreign_rseq|early_use_test_static'
-}
+lane_default() { preset_lane default; }
+lane_clang() { preset_lane clang; }
+lane_asan-ubsan() { preset_lane asan-ubsan; }
+# -Wno-tsan (in the preset): GCC warns that TSan does not model standalone
+# fences; the fence in slot_lock.cpp orders sections against lockers, and no
+# section runs on this lane's fallback paths.
+lane_tsan() { preset_lane tsan; }
+lane_valgrind() { preset_lane valgrind; }
 
 lane_rseq-off() {
-  # The same build as the default lane's (built there already when both run):
-  # only the environment differs.
-  B="$root/build/lanes/default"
-  configure_and_build "$B" || return 1
-  local seccomp="$B/tests/seccomp_exec" status=0
+  # The default lane's build (already built when both run): only the
+  # environment differs.
+  configure_and_build default || return 1
+  local status=0
   echo "--- rseq-off: GLIBC_TUNABLES=glibc.pthread.rseq=0 (percpu registers its own areas)"
-  # The preload tests and the other-registrant tests are left out here:
-  # each sets up the mode it needs itself (the preload's probe runs in each
-  # mode; foreign_rseq_* needs a kernel with rseq and glibc's off, with a
-  # registrant of its own in the process).
-  GLIBC_TUNABLES=glibc.pthread.rseq=0 PERCPU_EXPECT_OWNER=percpu \
-    run_ctest "$B" -E '\.(glibc|fallback)$|forced_|seccomp_eperm|preload|foreign_rseq' || status=1
+  run_ctest rseq-off || status=1
   for error in ENOSYS EPERM; do
     echo "--- rseq-off: seccomp makes rseq fail with $error (fallbacks)"
-    PERCPU_EXPECT_OWNER=none "$seccomp" "$error" \
-      ctest --test-dir "$B" -j "$jobs" --timeout 900 -E '\.(glibc|own)$|forced_|preload|foreign_rseq' || status=1
+    run_ctest rseq-off-seccomp "$root/build/lanes/default/tests/seccomp_exec" "$error" || status=1
   done
   return $status
 }
 
 lane_seams() {
-  local status=0
-  for seam in PERCPU_INJECT_DELAYS PERCPU_COMPARE_TWICE; do
+  local status=0 seam
+  for seam in delays compare-twice; do
     echo "--- seams: $seam"
-    local dir="$B-$seam"
-    configure_and_build "$dir" -D$seam=ON -DPERCPU_BUILD_BENCHMARKS=OFF -DPERCPU_BUILD_TOOLS=OFF \
-      -DPERCPU_BUILD_EXAMPLES=OFF && PERCPU_STRESS_SCALE=0.5 run_ctest "$dir" -L structures || status=1
+    preset_lane "seams-$seam" || status=1
   done
   return $status
 }

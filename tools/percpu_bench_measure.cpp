@@ -2,7 +2,7 @@
 // rseq-off child process, the environment header and the disassembly.
 
 #include <dlfcn.h>
-#include <elf.h>
+#include <link.h>
 #include <fcntl.h>
 #include <gnu/libc-version.h>
 #include <pthread.h>
@@ -500,59 +500,18 @@ int run_child(const options& opts) {
 
 namespace {
 
-struct elf_symbol {
-  std::uint64_t value = 0;  // the address in the file's own address space
-  std::uint64_t size = 0;
-};
-
-// Looks `name` up in the file's .symtab, then .dynsym (which survives strip).
-bool find_elf_symbol(const std::string& path, const std::string& name, elf_symbol* out) {
-  std::ifstream in(path, std::ios::binary);
-  const std::string image((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (image.size() < sizeof(Elf64_Ehdr) || std::memcmp(image.data(), ELFMAG, SELFMAG) != 0 ||
-      image[EI_CLASS] != ELFCLASS64) {
-    return false;
-  }
-  Elf64_Ehdr eh;
-  std::memcpy(&eh, image.data(), sizeof(eh));
-  if (eh.e_shentsize != sizeof(Elf64_Shdr) ||
-      eh.e_shoff + std::uint64_t{eh.e_shnum} * sizeof(Elf64_Shdr) > image.size()) {
-    return false;
-  }
-  std::vector<Elf64_Shdr> sections(eh.e_shnum);
-  std::memcpy(sections.data(), image.data() + eh.e_shoff, eh.e_shnum * sizeof(Elf64_Shdr));
-  for (unsigned kind : {SHT_SYMTAB, SHT_DYNSYM}) {
-    for (const Elf64_Shdr& sh : sections) {
-      if (sh.sh_type != kind || sh.sh_link >= sections.size()) continue;
-      const Elf64_Shdr& strtab = sections[sh.sh_link];
-      if (sh.sh_offset + sh.sh_size > image.size() ||
-          strtab.sh_offset + strtab.sh_size > image.size()) {
-        continue;
-      }
-      for (std::uint64_t off = 0; off + sizeof(Elf64_Sym) <= sh.sh_size; off += sizeof(Elf64_Sym)) {
-        Elf64_Sym sym;
-        std::memcpy(&sym, image.data() + sh.sh_offset + off, sizeof(sym));
-        if (sym.st_name >= strtab.sh_size || ELF64_ST_TYPE(sym.st_info) != STT_FUNC ||
-            sym.st_value == 0) {
-          continue;
-        }
-        const char* sym_name = image.data() + strtab.sh_offset + sym.st_name;
-        const std::size_t max_len = strtab.sh_size - sym.st_name;
-        if (strnlen(sym_name, max_len) == name.size() && name.compare(0, name.size(), sym_name, name.size()) == 0) {
-          out->value = sym.st_value;
-          out->size = sym.st_size;
-          return out->size != 0;
-        }
-      }
-    }
-  }
-  return false;
+// The size of the function at `address`, from the symbol table the dynamic
+// loader already holds (the measured functions are exported for this).
+std::uint64_t loaded_symbol_size(const void* address) {
+  Dl_info info;
+  void* entry = nullptr;
+  if (dladdr1(address, &info, &entry, RTLD_DL_SYMENT) == 0 || entry == nullptr) return 0;
+  return static_cast<const ElfW(Sym)*>(entry)->st_size;
 }
 
 // Parses objdump's "  addr:\tinsn" lines into "<+off>:\tinsn", and marks the
 // lines a conditional backward branch repeats (the loop body) with '*'.
-std::vector<std::string> format_objdump(const std::string& text, std::uint64_t start,
-                                        bool mark_loop) {
+std::vector<std::string> format_objdump(const std::string& text, bool mark_loop) {
   struct insn {
     std::uint64_t addr;
     std::string text;
@@ -574,6 +533,8 @@ std::vector<std::string> format_objdump(const std::string& text, std::uint64_t s
     if (body.empty()) continue;
     insns.push_back({std::strtoull(addr_text.c_str() + first, nullptr, 16), body});
   }
+  // Offsets count from the function's first instruction.
+  const std::uint64_t start = insns.empty() ? 0 : insns.front().addr;
   std::vector<bool> in_loop(insns.size(), false);
   for (std::size_t i = 0; mark_loop && i < insns.size(); ++i) {
     // Only conditional branches back close a loop; an unconditional jump back
@@ -611,14 +572,9 @@ disassembly disassemble(const std::string& title, const std::string& symbol, con
   d.title = title;
   d.symbol = symbol;
   d.file = file;
-  elf_symbol sym;
-  if (!find_elf_symbol(file, symbol, &sym)) {
-    d.how = "not shown: the symbol is not in " + file + "'s symbol tables";
-    return d;
-  }
-  char start[32], stop[32];
-  std::snprintf(start, sizeof(start), "--start-address=0x%" PRIx64, sym.value);
-  std::snprintf(stop, sizeof(stop), "--stop-address=0x%" PRIx64, sym.value + sym.size);
+  // objdump finds the symbol itself, in .symtab or, in a stripped binary,
+  // .dynsym, and stops at its end.
+  const std::string only = "--disassemble=" + symbol;
 #if defined(__x86_64__)
   const char* cross = "x86_64-linux-gnu-objdump";
 #elif defined(__aarch64__)
@@ -628,22 +584,28 @@ disassembly disassemble(const std::string& title, const std::string& symbol, con
 #endif
   for (const char* tool : {"objdump", cross}) {
     std::string out;
-    if (run_capture({tool, "-d", "--no-show-raw-insn", start, stop, file}, {}, true, &out) != 0) {
+    if (run_capture({tool, "-d", "--no-show-raw-insn", only, file}, {}, true, &out) != 0) {
       continue;
     }
-    d.lines = format_objdump(out, sym.value, is_loop);
+    d.lines = format_objdump(out, is_loop);
     if (!d.lines.empty()) {
       d.how = std::string(tool) + " -d";
       return d;
     }
   }
+  const std::uint64_t size = loaded_symbol_size(address);
+  if (size == 0) {
+    d.how = "not shown: no objdump on PATH disassembled " + symbol + " in " + file +
+            ", and the loader knows no size for it";
+    return d;
+  }
   // No disassembler that reads this architecture: the raw bytes, as loaded.
   d.how = "raw bytes as loaded (no objdump for this architecture found on PATH)";
   const auto* bytes = static_cast<const unsigned char*>(address);
-  for (std::uint64_t off = 0; off < sym.size; off += 16) {
+  for (std::uint64_t off = 0; off < size; off += 16) {
     char line[128];
     int n = std::snprintf(line, sizeof(line), "   <+%" PRIu64 ">:\t", off);
-    for (std::uint64_t i = off; i < std::min(sym.size, off + 16); ++i) {
+    for (std::uint64_t i = off; i < std::min(size, off + 16); ++i) {
       n += std::snprintf(line + n, sizeof(line) - static_cast<std::size_t>(n), "%02x ", bytes[i]);
     }
     d.lines.push_back(line);

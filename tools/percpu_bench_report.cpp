@@ -10,6 +10,9 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "tools/percpu_bench.hpp"
 
@@ -408,106 +411,90 @@ void print_per_cpu(const run_result& run, std::FILE* out) {
 }
 
 // --- JSON -------------------------------------------------------------------
+// ordered_json keeps the keys in the order written here, so the record reads
+// in the same order as the text tables.
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
+using json = nlohmann::ordered_json;
+
+// Non-finite figures (a ratio over a zero time) become null, as JSON has no
+// NaN; nlohmann writes them so too, but saying it here keeps the promise
+// independent of that library's choice.
+json json_number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+json json_numbers(const std::vector<double>& values) {
+  json out = json::array();
+  for (const double v : values) out.push_back(json_number(v));
+  return out;
 }
 
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[40];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  return buf;
-}
-
-std::string json_numbers(const std::vector<double>& values) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + json_number(values[i]);
-  return out + "]";
-}
-
-std::string json_row(const run_result& run, const measurement& row) {
+json json_row(const run_result& run, const measurement& row) {
   const measurement* base = find_row(run, "glibc_sched_getcpu");
-  std::string s = "    {\"name\": " + json_string(row.method->name) +
-                  ", \"label\": " + json_string(row.method->label) +
-                  ", \"table\": " + json_string(row.method->where == table::glibc ? "glibc" : "arm64") +
-                  ", \"baseline\": " + (row.method->is_baseline ? "true" : "false") +
-                  ", \"limit\": " + (row.method->is_limit ? "true" : "false") +
-                  ", \"available\": " + (row.available ? "true" : "false");
-  if (!row.available) return s + ", \"reason\": " + json_string(row.reason) + "}";
-  s += ",\n     \"calls_per_repetition\": " + std::to_string(row.calls) +
-       ", \"ns_per_call\": " + json_number(row.ns_per_call()) +
-       ", \"min_ns_per_call\": " + json_number(row.min_ns_per_call()) +
-       ", \"max_ns_per_call\": " + json_number(row.max_ns_per_call()) +
-       ", \"median_elapsed_ns\": " + json_number(row.median_ns());
+  json r = {{"name", row.method->name},
+            {"label", row.method->label},
+            {"table", row.method->where == table::glibc ? "glibc" : "arm64"},
+            {"baseline", row.method->is_baseline},
+            {"limit", row.method->is_limit},
+            {"available", row.available}};
+  if (!row.available) {
+    r["reason"] = row.reason;
+    return r;
+  }
+  r["calls_per_repetition"] = row.calls;
+  r["ns_per_call"] = json_number(row.ns_per_call());
+  r["min_ns_per_call"] = json_number(row.min_ns_per_call());
+  r["max_ns_per_call"] = json_number(row.max_ns_per_call());
+  r["median_elapsed_ns"] = json_number(row.median_ns());
   if (base != nullptr && row.method->where == table::glibc) {
-    s += ", \"speedup_vs_baseline\": " + json_number(base->ns_per_call() / row.ns_per_call());
+    r["speedup_vs_baseline"] = json_number(base->ns_per_call() / row.ns_per_call());
   }
-  if (!row.note.empty()) s += ", \"note\": " + json_string(row.note);
-  s += ",\n     \"elapsed_ns\": " + json_numbers(row.elapsed_ns);
+  if (!row.note.empty()) r["note"] = row.note;
+  r["elapsed_ns"] = json_numbers(row.elapsed_ns);
   if (!row.cpus.empty()) {
-    s += ",\n     \"per_cpu\": [";
+    json per_cpu = json::array();
     for (std::size_t i = 0; i < row.cpus.size(); ++i) {
-      s += std::string(i ? ", " : "") + "{\"cpu\": " + std::to_string(row.cpus[i]) +
-           ", \"ns_per_call\": " +
-           json_number(median(row.per_cpu_elapsed_ns[i]) / static_cast<double>(row.calls)) +
-           ", \"elapsed_ns\": " + json_numbers(row.per_cpu_elapsed_ns[i]) + "}";
+      per_cpu.push_back(
+          {{"cpu", row.cpus[i]},
+           {"ns_per_call",
+            json_number(median(row.per_cpu_elapsed_ns[i]) / static_cast<double>(row.calls))},
+           {"elapsed_ns", json_numbers(row.per_cpu_elapsed_ns[i])}});
     }
-    s += "]";
+    r["per_cpu"] = std::move(per_cpu);
   }
-  return s + "}";
+  return r;
 }
 
-std::string json_side(const structure_side& side) {
-  if (!side.available) return "{\"available\": false, \"reason\": " + json_string(side.reason) + "}";
-  return "{\"available\": true, \"calls_per_repetition\": " + std::to_string(side.calls) +
-         ", \"ns_per_op\": " + json_number(side.median()) +
-         ", \"min_ns_per_op\": " + json_number(side.min()) +
-         ", \"max_ns_per_op\": " + json_number(side.max()) +
-         ", \"repetitions_ns_per_op\": " + json_numbers(side.ns_per_op) + "}";
+json json_side(const structure_side& side) {
+  if (!side.available) return {{"available", false}, {"reason", side.reason}};
+  return {{"available", true},
+          {"calls_per_repetition", side.calls},
+          {"ns_per_op", json_number(side.median())},
+          {"min_ns_per_op", json_number(side.min())},
+          {"max_ns_per_op", json_number(side.max())},
+          {"repetitions_ns_per_op", json_numbers(side.ns_per_op)}};
 }
 
-std::string json_mode(const structure_kind& kind, const structure_mode& m) {
-  if (!m.available) return "{\"available\": false, \"reason\": " + json_string(m.reason) + "}";
-  return "{\"available\": true, \"backend\": " + json_string(m.backend) +
-         ",\n       \"percpu\": " + json_side(m.percpu) +
-         ",\n       \"alternative\": " + json_side(m.alternative) +
-         ",\n       \"ratio\": " + json_number(m.ratio(kind)) + "}";
+json json_mode(const structure_kind& kind, const structure_mode& m) {
+  if (!m.available) return {{"available", false}, {"reason", m.reason}};
+  return {{"available", true},
+          {"backend", m.backend},
+          {"percpu", json_side(m.percpu)},
+          {"alternative", json_side(m.alternative)},
+          {"ratio", json_number(m.ratio(kind))}};
 }
 
-std::string json_structures(const run_result& run) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < run.structures.size(); ++i) {
-    const structure_row& row = run.structures[i];
-    s += std::string(i ? "," : "") + "\n    {\"name\": " + json_string(row.kind->name) +
-         ", \"threads\": " + std::to_string(row.threads) +
-         ", \"label\": " + json_string(row.kind->label) +
-         ", \"alternative\": " + json_string(row.kind->alternative_label) +
-         ", \"ratio_is\": " +
-         json_string(row.kind->percpu_over_alternative ? "percpu/alternative"
-                                                       : "alternative/percpu") +
-         ",\n     \"with_rseq\": " + json_mode(*row.kind, row.with_rseq) +
-         ",\n     \"without_rseq\": " + json_mode(*row.kind, row.without_rseq) + "}";
+json json_structures(const run_result& run) {
+  json out = json::array();
+  for (const structure_row& row : run.structures) {
+    out.push_back({{"name", row.kind->name},
+                   {"threads", row.threads},
+                   {"label", row.kind->label},
+                   {"alternative", row.kind->alternative_label},
+                   {"ratio_is", row.kind->percpu_over_alternative ? "percpu/alternative"
+                                                                  : "alternative/percpu"},
+                   {"with_rseq", json_mode(*row.kind, row.with_rseq)},
+                   {"without_rseq", json_mode(*row.kind, row.without_rseq)}});
   }
-  return s + "]";
+  return out;
 }
 
 // --- SVG --------------------------------------------------------------------
@@ -569,62 +556,68 @@ void print_text(const run_result& run, std::FILE* out) {
 }
 
 bool write_json(const run_result& run, const std::string& path, std::string* error) {
+  const environment& e = run.env;
+  json doc;
+  doc["tool"] = "percpu-bench";
+  doc["command"] = run.opts.argv;
+  doc["options"] = {{"calls", run.opts.calls},
+                    {"repetitions", run.opts.repetitions},
+                    {"threads", run.opts.threads},
+                    {"clock", run.opts.clock},
+                    {"structures", run.opts.structures}};
+  doc["environment"] = {{"date", e.date},
+                        {"cpu_model", e.cpu_model},
+                        {"cpus_online", e.cpus_online},
+                        {"cpus_allowed", e.cpus_allowed},
+                        {"kernel", e.kernel},
+                        {"machine", e.machine},
+                        {"glibc", e.glibc},
+                        {"compiler", e.compiler},
+                        {"optimized", e.optimized},
+                        {"rseq_owner", e.rseq_owner},
+                        {"rseq_feature_size", e.rseq_feature_size},
+                        {"cpu_id_backend", e.cpu_id_backend},
+                        {"fallback_backend", e.fallback_backend}};
+  json methods = json::array();
+  for (const measurement& row : run.rows) methods.push_back(json_row(run, row));
+  doc["methods"] = std::move(methods);
+  json bar = json::array();
+  for (const bar_check& check : bar_checks(run)) {
+    bar.push_back({{"check", check.text},
+                   {"ratio", json_number(check.ratio)},
+                   {"seed_ratio", check.seed_ratio > 0 ? json_number(check.seed_ratio) : json(nullptr)}});
+  }
+  doc["bar"] = std::move(bar);
+  doc["structures"] = json_structures(run);
+  json sbar = json::array();
+  for (const structure_bar& b : structure_bars(run)) {
+    sbar.push_back({{"check", b.text},
+                    {"ratios", json_numbers(b.ratios)},
+                    {"measured", b.measured},
+                    {"met", b.met}});
+  }
+  doc["structures_bar"] = std::move(sbar);
+  json listings = json::array();
+  for (const disassembly& d : run.listings) {
+    listings.push_back({{"symbol", d.symbol},
+                        {"title", d.title},
+                        {"file", d.file},
+                        {"how", d.how},
+                        {"lines", d.lines}});
+  }
+  doc["disassembly"] = std::move(listings);
+  doc["on_cpu_share"] = json_number(run.on_cpu_share);
+  doc["wall_seconds"] = json_number(run.wall_seconds);
+
+  // Text the tool did not make (a CPU model, a compiler's version string) may
+  // hold bytes that are not UTF-8: replace them rather than fail the run.
+  const std::string s =
+      doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) {
     *error = "cannot write " + path + ": " + std::strerror(errno);
     return false;
   }
-  const environment& e = run.env;
-  std::string s = "{\n  \"tool\": \"percpu-bench\",\n  \"command\": [";
-  for (std::size_t i = 0; i < run.opts.argv.size(); ++i) {
-    s += (i ? ", " : "") + json_string(run.opts.argv[i]);
-  }
-  s += "],\n  \"options\": {\"calls\": " + std::to_string(run.opts.calls) +
-       ", \"repetitions\": " + std::to_string(run.opts.repetitions) +
-       ", \"threads\": " + (run.opts.threads ? "true" : "false") +
-       ", \"clock\": " + json_string(run.opts.clock) +
-       ", \"structures\": " + (run.opts.structures ? "true" : "false") + "},\n";
-  s += "  \"environment\": {\"date\": " + json_string(e.date) +
-       ", \"cpu_model\": " + json_string(e.cpu_model) +
-       ", \"cpus_online\": " + std::to_string(e.cpus_online) +
-       ", \"cpus_allowed\": " + std::to_string(e.cpus_allowed) +
-       ",\n    \"kernel\": " + json_string(e.kernel) + ", \"machine\": " + json_string(e.machine) +
-       ", \"glibc\": " + json_string(e.glibc) + ", \"compiler\": " + json_string(e.compiler) +
-       ", \"optimized\": " + (e.optimized ? "true" : "false") +
-       ",\n    \"rseq_owner\": " + json_string(e.rseq_owner) +
-       ", \"rseq_feature_size\": " + std::to_string(e.rseq_feature_size) +
-       ", \"cpu_id_backend\": " + json_string(e.cpu_id_backend) +
-       ", \"fallback_backend\": " + json_string(e.fallback_backend) + "},\n";
-  s += "  \"methods\": [\n";
-  for (std::size_t i = 0; i < run.rows.size(); ++i) {
-    s += json_row(run, run.rows[i]) + (i + 1 < run.rows.size() ? ",\n" : "\n");
-  }
-  s += "  ],\n  \"bar\": [";
-  const std::vector<bar_check> checks = bar_checks(run);
-  for (std::size_t i = 0; i < checks.size(); ++i) {
-    s += std::string(i ? ", " : "") + "{\"check\": " + json_string(checks[i].text) +
-         ", \"ratio\": " + json_number(checks[i].ratio) + ", \"seed_ratio\": " +
-         (checks[i].seed_ratio > 0 ? json_number(checks[i].seed_ratio) : "null") + "}";
-  }
-  s += "],\n  \"structures\": " + json_structures(run) + ",\n  \"structures_bar\": [";
-  const std::vector<structure_bar> sbars = structure_bars(run);
-  for (std::size_t i = 0; i < sbars.size(); ++i) {
-    s += std::string(i ? ", " : "") + "{\"check\": " + json_string(sbars[i].text) +
-         ", \"ratios\": " + json_numbers(sbars[i].ratios) +
-         ", \"measured\": " + (sbars[i].measured ? "true" : "false") +
-         ", \"met\": " + (sbars[i].met ? "true" : "false") + "}";
-  }
-  s += "],\n  \"disassembly\": [";
-  for (std::size_t i = 0; i < run.listings.size(); ++i) {
-    const disassembly& d = run.listings[i];
-    s += std::string(i ? ",\n    " : "\n    ") + "{\"symbol\": " + json_string(d.symbol) +
-         ", \"title\": " + json_string(d.title) + ", \"file\": " + json_string(d.file) +
-         ", \"how\": " + json_string(d.how) + ", \"lines\": [";
-    for (std::size_t j = 0; j < d.lines.size(); ++j) s += (j ? ", " : "") + json_string(d.lines[j]);
-    s += "]}";
-  }
-  s += "],\n  \"on_cpu_share\": " + json_number(run.on_cpu_share) +
-       ",\n  \"wall_seconds\": " + json_number(run.wall_seconds) + "\n}\n";
   const bool ok = std::fwrite(s.data(), 1, s.size(), f) == s.size();
   if (std::fclose(f) != 0 || !ok) {
     *error = "cannot write " + path + ": " + std::strerror(errno);

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "percpu/cpu.hpp"
 
 extern char** environ;
@@ -79,148 +81,13 @@ run_output run(const std::string& program, const std::vector<std::string>& args)
 
 run_output bench(const std::vector<std::string>& args) { return run(PERCPU_BENCH_BINARY, args); }
 
-// A small strict JSON reader: enough to walk percpu-bench's output, and
-// strict enough that malformed output fails the test.
-struct json {
-  enum kind { null, boolean, number, string, array, object } type = null;
-  bool b = false;
-  double num = 0;
-  std::string str;
-  std::vector<json> items;
-  // An object's members, in order. Two parallel vectors rather than pairs:
-  // std::pair may not hold the still-incomplete json (clang, C++20).
-  std::vector<std::string> keys;
-  std::vector<json> values;
+using json = nlohmann::json;
 
-  bool has(const std::string& key) const {
-    for (const auto& k : keys) {
-      if (k == key) return true;
-    }
-    return false;
-  }
-  const json& operator[](const std::string& key) const {
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (keys[i] == key) return values[i];
-    }
-    ADD_FAILURE() << "missing JSON key " << key;
-    static const json missing;
-    return missing;
-  }
-};
-
-class json_reader {
- public:
-  explicit json_reader(const std::string& text) : s_(text) {}
-  bool parse(json* out) {
-    if (!value(out)) return false;
-    space();
-    return pos_ == s_.size();
-  }
-
- private:
-  void space() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\t' ||
-                                s_[pos_] == '\r')) {
-      ++pos_;
-    }
-  }
-  bool literal(const char* word) {
-    const std::string w = word;
-    if (s_.compare(pos_, w.size(), w) != 0) return false;
-    pos_ += w.size();
-    return true;
-  }
-  bool string_value(std::string* out) {
-    if (s_[pos_] != '"') return false;
-    ++pos_;
-    while (pos_ < s_.size() && s_[pos_] != '"') {
-      char c = s_[pos_++];
-      if (static_cast<unsigned char>(c) < 0x20) return false;
-      if (c == '\\') {
-        if (pos_ >= s_.size()) return false;
-        const char e = s_[pos_++];
-        switch (e) {
-          case '"': case '\\': case '/': c = e; break;
-          case 'n': c = '\n'; break;
-          case 't': c = '\t'; break;
-          case 'r': c = '\r'; break;
-          case 'b': c = '\b'; break;
-          case 'f': c = '\f'; break;
-          case 'u':
-            if (pos_ + 4 > s_.size()) return false;
-            c = static_cast<char>(std::strtol(s_.substr(pos_, 4).c_str(), nullptr, 16));
-            pos_ += 4;
-            break;
-          default: return false;
-        }
-      }
-      out->push_back(c);
-    }
-    if (pos_ >= s_.size()) return false;
-    ++pos_;
-    return true;
-  }
-  bool value(json* out) {
-    space();
-    if (pos_ >= s_.size()) return false;
-    const char c = s_[pos_];
-    if (c == '{') {
-      out->type = json::object;
-      ++pos_;
-      space();
-      if (pos_ < s_.size() && s_[pos_] == '}') return ++pos_, true;
-      for (;;) {
-        space();
-        std::string key;
-        if (pos_ >= s_.size() || !string_value(&key)) return false;
-        space();
-        if (pos_ >= s_.size() || s_[pos_++] != ':') return false;
-        json v;
-        if (!value(&v)) return false;
-        out->keys.push_back(key);
-        out->values.push_back(v);
-        space();
-        if (pos_ >= s_.size()) return false;
-        if (s_[pos_] == ',') { ++pos_; continue; }
-        if (s_[pos_] == '}') return ++pos_, true;
-        return false;
-      }
-    }
-    if (c == '[') {
-      out->type = json::array;
-      ++pos_;
-      space();
-      if (pos_ < s_.size() && s_[pos_] == ']') return ++pos_, true;
-      for (;;) {
-        json v;
-        if (!value(&v)) return false;
-        out->items.push_back(v);
-        space();
-        if (pos_ >= s_.size()) return false;
-        if (s_[pos_] == ',') { ++pos_; continue; }
-        if (s_[pos_] == ']') return ++pos_, true;
-        return false;
-      }
-    }
-    if (c == '"') {
-      out->type = json::string;
-      return string_value(&out->str);
-    }
-    if (literal("true")) { out->type = json::boolean; out->b = true; return true; }
-    if (literal("false")) { out->type = json::boolean; return true; }
-    if (literal("null")) return true;
-    const char* begin = s_.c_str() + pos_;
-    char* end = nullptr;
-    out->num = std::strtod(begin, &end);
-    if (end == begin) return false;
-    out->type = json::number;
-    pos_ += static_cast<std::size_t>(end - begin);
-    return true;
-  }
-
-  const std::string& s_;
-  std::size_t pos_ = 0;
-};
+// Strict parsing: malformed output fails the test that reads it.
+bool parse_json(const std::string& text, json* out) {
+  *out = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return !out->is_discarded();
+}
 
 const std::vector<std::string> kAllRows = {
     "glibc_sched_getcpu", "glibc_sched_getcpu_rseq_off", "percpu_sched_getcpu", "cpu_id",
@@ -329,7 +196,7 @@ class PercpuBenchFullRun : public ::testing::Test {
                                     std::to_string(kRepetitions), "--json", *json_path_, "--svg",
                                     *svg_path_}));
     root_ = new json;
-    parsed_ = json_reader(slurp(*json_path_)).parse(root_);
+    parsed_ = parse_json(slurp(*json_path_), root_);
   }
   static void TearDownTestSuite() {
     unlink(json_path_->c_str());
@@ -358,102 +225,102 @@ json* PercpuBenchFullRun::root_ = nullptr;
 bool PercpuBenchFullRun::parsed_ = false;
 
 TEST_F(PercpuBenchFullRun, JsonHoldsEveryMethodInPrintedOrder) {
-  const json& methods = (*root_)["methods"];
-  ASSERT_EQ(methods.items.size(), kAllRows.size());
+  const json& methods = root_->at("methods");
+  ASSERT_EQ(methods.size(), kAllRows.size());
   for (std::size_t i = 0; i < kAllRows.size(); ++i) {
-    EXPECT_EQ(methods.items[i]["name"].str, kAllRows[i]);
+    EXPECT_EQ(methods[i].at("name").get<std::string>(), kAllRows[i]);
   }
   // The glibc table prints its rows in the JSON's order.
   std::size_t last = 0;
-  for (const json& m : methods.items) {
-    if (m["table"].str != "glibc") continue;
-    const std::size_t at = output_->out.find("\n" + m["label"].str);
-    ASSERT_NE(at, std::string::npos) << m["label"].str << " not printed";
-    EXPECT_GT(at, last) << m["label"].str << " printed out of order";
+  for (const json& m : methods) {
+    if (m.at("table").get<std::string>() != "glibc") continue;
+    const std::size_t at = output_->out.find("\n" + m.at("label").get<std::string>());
+    ASSERT_NE(at, std::string::npos) << m.at("label").get<std::string>() << " not printed";
+    EXPECT_GT(at, last) << m.at("label").get<std::string>() << " printed out of order";
     last = at;
   }
 }
 
 TEST_F(PercpuBenchFullRun, FiguresArePositiveAndConsistent) {
-  for (const json& m : (*root_)["methods"].items) {
-    SCOPED_TRACE(m["name"].str);
-    if (!m["available"].b) {
-      EXPECT_FALSE(m["reason"].str.empty()) << "n/a needs a reason";
-      EXPECT_FALSE(m.has("ns_per_call")) << "an unavailable method must carry no figure";
+  for (const json& m : root_->at("methods")) {
+    SCOPED_TRACE(m.at("name").get<std::string>());
+    if (!m.at("available").get<bool>()) {
+      EXPECT_FALSE(m.at("reason").get<std::string>().empty()) << "n/a needs a reason";
+      EXPECT_FALSE(m.contains("ns_per_call")) << "an unavailable method must carry no figure";
       continue;
     }
-    const double ns = m["ns_per_call"].num;
+    const double ns = m.at("ns_per_call").get<double>();
     EXPECT_GT(ns, 0);
-    EXPECT_LE(m["min_ns_per_call"].num, ns);
-    EXPECT_GE(m["max_ns_per_call"].num, ns);
-    const double calls = m["calls_per_repetition"].num;
+    EXPECT_LE(m.at("min_ns_per_call").get<double>(), ns);
+    EXPECT_GE(m.at("max_ns_per_call").get<double>(), ns);
+    const double calls = m.at("calls_per_repetition").get<double>();
     EXPECT_GT(calls, 0);
     EXPECT_LE(calls, static_cast<double>(kCalls));
-    if (m["table"].str == "arm64") {
+    if (m.at("table").get<std::string>() == "arm64") {
       EXPECT_EQ(calls, static_cast<double>(kCalls));
     }
-    const json& elapsed = m["elapsed_ns"];
-    ASSERT_EQ(elapsed.items.size(), static_cast<std::size_t>(kRepetitions));
-    for (const json& e : elapsed.items) EXPECT_GT(e.num, 0);
-    EXPECT_NEAR(m["median_elapsed_ns"].num / calls, ns, ns * 1e-9);
+    const json& elapsed = m.at("elapsed_ns");
+    ASSERT_EQ(elapsed.size(), static_cast<std::size_t>(kRepetitions));
+    for (const json& e : elapsed) EXPECT_GT(e.get<double>(), 0);
+    EXPECT_NEAR(m.at("median_elapsed_ns").get<double>() / calls, ns, ns * 1e-9);
   }
 }
 
 TEST_F(PercpuBenchFullRun, CoreMethodsAreAlwaysMeasured) {
-  for (const json& m : (*root_)["methods"].items) {
-    const std::string name = m["name"].str;
+  for (const json& m : root_->at("methods")) {
+    const std::string name = m.at("name").get<std::string>();
     if (name == "glibc_sched_getcpu" || name == "percpu_sched_getcpu" || name == "cpu_id" ||
         name == "thread_local" || name == "get_cpu_id_before" || name == "get_cpu_id_after" ||
         name == "empty_call") {
-      EXPECT_TRUE(m["available"].b) << name << ": " << (m.has("reason") ? m["reason"].str : "");
+      EXPECT_TRUE(m.at("available").get<bool>()) << name << ": " << (m.contains("reason") ? m.at("reason").get<std::string>() : "");
     }
 #if defined(__x86_64__)
     if (name == "vdso_getcpu") {
-      EXPECT_TRUE(m["available"].b) << "x86-64 Linux has a vDSO getcpu";
+      EXPECT_TRUE(m.at("available").get<bool>()) << "x86-64 Linux has a vDSO getcpu";
     }
 #else
     if (name == "rdpid" || name == "rdtscp") {
-      EXPECT_FALSE(m["available"].b) << "only x86-64 has " << name;
+      EXPECT_FALSE(m.at("available").get<bool>()) << "only x86-64 has " << name;
     }
 #endif
   }
 }
 
 TEST_F(PercpuBenchFullRun, JsonMatchesThePrintedTables) {
-  for (const json& m : (*root_)["methods"].items) {
-    SCOPED_TRACE(m["name"].str);
-    if (m["table"].str == "glibc") {
-      const std::string line = line_starting(output_->out, m["label"].str);
+  for (const json& m : root_->at("methods")) {
+    SCOPED_TRACE(m.at("name").get<std::string>());
+    if (m.at("table").get<std::string>() == "glibc") {
+      const std::string line = line_starting(output_->out, m.at("label").get<std::string>());
       ASSERT_NE(line, "");
-      if (!m["available"].b) {
-        EXPECT_NE(line.find("n/a (" + m["reason"].str + ")"), std::string::npos) << line;
+      if (!m.at("available").get<bool>()) {
+        EXPECT_NE(line.find("n/a (" + m.at("reason").get<std::string>() + ")"), std::string::npos) << line;
         continue;
       }
-      EXPECT_NE(line.find(" " + two_decimals(m["ns_per_call"].num) + " ns"), std::string::npos)
+      EXPECT_NE(line.find(" " + two_decimals(m.at("ns_per_call").get<double>()) + " ns"), std::string::npos)
           << line;
-      EXPECT_NE(line.find(two_decimals(m["min_ns_per_call"].num) + "-" +
-                          two_decimals(m["max_ns_per_call"].num)),
+      EXPECT_NE(line.find(two_decimals(m.at("min_ns_per_call").get<double>()) + "-" +
+                          two_decimals(m.at("max_ns_per_call").get<double>())),
                 std::string::npos)
           << line;
       char calls[32];
       std::snprintf(calls, sizeof(calls), " %" PRIu64,
-                    static_cast<std::uint64_t>(m["calls_per_repetition"].num));
+                    static_cast<std::uint64_t>(m.at("calls_per_repetition").get<double>()));
       EXPECT_NE(line.find(calls), std::string::npos) << line;
-    } else if (m["name"].str != "empty_call") {
-      const std::string row = m["name"].str == "get_cpu_id_before" ? "| Before |" : "| After  |";
+    } else if (m.at("name").get<std::string>() != "empty_call") {
+      const std::string row = m.at("name").get<std::string>() == "get_cpu_id_before" ? "| Before |" : "| After  |";
       const std::string line = line_starting(output_->out, "      " + row);
       ASSERT_NE(line, "");
       const std::string taken =
-          std::to_string(std::llround(m["median_elapsed_ns"].num)) + "ns";
+          std::to_string(std::llround(m.at("median_elapsed_ns").get<double>())) + "ns";
       EXPECT_NE(line.find(taken), std::string::npos) << line << " vs " << taken;
     }
   }
   const std::string speedup_line = line_starting(output_->out, "percpu::cpu_id() (inline load):");
-  for (const json& m : (*root_)["methods"].items) {
-    if (m["name"].str == "cpu_id" && m.has("speedup_vs_baseline") &&
-        m["speedup_vs_baseline"].num >= 1) {
+  for (const json& m : root_->at("methods")) {
+    if (m.at("name").get<std::string>() == "cpu_id" && m.contains("speedup_vs_baseline") &&
+        m.at("speedup_vs_baseline").get<double>() >= 1) {
       char expected[48];
-      std::snprintf(expected, sizeof(expected), "(speedup: %4.1fx)", m["speedup_vs_baseline"].num);
+      std::snprintf(expected, sizeof(expected), "(speedup: %4.1fx)", m.at("speedup_vs_baseline").get<double>());
       EXPECT_NE(speedup_line.find(expected), std::string::npos) << speedup_line;
     }
   }
@@ -463,18 +330,18 @@ TEST_F(PercpuBenchFullRun, JsonMatchesThePrintedTables) {
 // must meet: the tool has no business grading the user's machine.
 TEST_F(PercpuBenchFullRun, RatiosAreShownBesideTheSeedsNotAsGoals) {
   EXPECT_EQ(output_->out.find("goal:"), std::string::npos) << output_->out;
-  const json& bar = (*root_)["bar"];
-  ASSERT_FALSE(bar.items.empty());
+  const json& bar = root_->at("bar");
+  ASSERT_FALSE(bar.empty());
   bool any_seed = false;
-  for (const json& b : bar.items) {
-    EXPECT_FALSE(b.has("met")) << b["check"].str;
-    const std::string line = line_starting(output_->out, "   " + b["check"].str);
-    ASSERT_NE(line, "") << b["check"].str << " not printed";
-    EXPECT_NE(line.find(two_decimals(b["ratio"].num) + "x"), std::string::npos) << line;
-    if (b["seed_ratio"].type == json::number) {
+  for (const json& b : bar) {
+    EXPECT_FALSE(b.contains("met")) << b.at("check").get<std::string>();
+    const std::string line = line_starting(output_->out, "   " + b.at("check").get<std::string>());
+    ASSERT_NE(line, "") << b.at("check").get<std::string>() << " not printed";
+    EXPECT_NE(line.find(two_decimals(b.at("ratio").get<double>()) + "x"), std::string::npos) << line;
+    if (b.at("seed_ratio").is_number()) {
       any_seed = true;
       char seed[48];
-      std::snprintf(seed, sizeof(seed), "(the seed's: %.1fx)", b["seed_ratio"].num);
+      std::snprintf(seed, sizeof(seed), "(the seed's: %.1fx)", b.at("seed_ratio").get<double>());
       EXPECT_NE(line.find(seed), std::string::npos) << line;
     }
   }
@@ -482,24 +349,24 @@ TEST_F(PercpuBenchFullRun, RatiosAreShownBesideTheSeedsNotAsGoals) {
 }
 
 TEST_F(PercpuBenchFullRun, EnvironmentIsThisProcesssEnvironment) {
-  const json& env = (*root_)["environment"];
-  EXPECT_EQ(env["rseq_owner"].str, percpu::to_string(percpu::rseq_ownership()));
-  EXPECT_EQ(env["rseq_feature_size"].num, static_cast<double>(percpu::rseq_feature_size()));
-  EXPECT_EQ(env["cpu_id_backend"].str, percpu::to_string(percpu::backend()));
+  const json& env = root_->at("environment");
+  EXPECT_EQ(env.at("rseq_owner").get<std::string>(), percpu::to_string(percpu::rseq_ownership()));
+  EXPECT_EQ(env.at("rseq_feature_size").get<double>(), static_cast<double>(percpu::rseq_feature_size()));
+  EXPECT_EQ(env.at("cpu_id_backend").get<std::string>(), percpu::to_string(percpu::backend()));
   for (const char* key : {"date", "cpu_model", "kernel", "machine", "glibc", "compiler"}) {
-    EXPECT_FALSE(env[key].str.empty()) << key;
-    EXPECT_NE(output_->out.find(env[key].str), std::string::npos) << key << " not printed";
+    EXPECT_FALSE(env.at(key).get<std::string>().empty()) << key;
+    EXPECT_NE(output_->out.find(env.at(key).get<std::string>()), std::string::npos) << key << " not printed";
   }
-  EXPECT_GT(env["cpus_online"].num, 0);
-  EXPECT_EQ((*root_)["options"]["calls"].num, static_cast<double>(kCalls));
+  EXPECT_GT(env.at("cpus_online").get<double>(), 0);
+  EXPECT_EQ(root_->at("options").at("calls").get<double>(), static_cast<double>(kCalls));
 }
 
 TEST_F(PercpuBenchFullRun, DisassemblyShowsTheFastPaths) {
-  const json& listings = (*root_)["disassembly"];
-  ASSERT_FALSE(listings.items.empty());
-  for (const json& d : listings.items) {
-    EXPECT_FALSE(d["lines"].items.empty()) << d["symbol"].str << ": " << d["how"].str;
-    EXPECT_NE(output_->out.find("Dump of assembler code for function " + d["symbol"].str),
+  const json& listings = root_->at("disassembly");
+  ASSERT_FALSE(listings.empty());
+  for (const json& d : listings) {
+    EXPECT_FALSE(d.at("lines").empty()) << d.at("symbol").get<std::string>() << ": " << d.at("how").get<std::string>();
+    EXPECT_NE(output_->out.find("Dump of assembler code for function " + d.at("symbol").get<std::string>()),
               std::string::npos);
   }
 }
@@ -509,12 +376,12 @@ TEST_F(PercpuBenchFullRun, SvgNamesEveryRow) {
   EXPECT_EQ(svg.compare(0, 5, "<?xml"), 0);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
   EXPECT_NE(svg.find("log scale"), std::string::npos);
-  for (const json& m : (*root_)["methods"].items) {
-    if (m["available"].b) {
-      EXPECT_NE(svg.find(two_decimals(m["ns_per_call"].num) + " ns"), std::string::npos)
-          << m["name"].str;
+  for (const json& m : root_->at("methods")) {
+    if (m.at("available").get<bool>()) {
+      EXPECT_NE(svg.find(two_decimals(m.at("ns_per_call").get<double>()) + " ns"), std::string::npos)
+          << m.at("name").get<std::string>();
     } else {
-      EXPECT_NE(svg.find("n/a: "), std::string::npos) << m["name"].str;
+      EXPECT_NE(svg.find("n/a: "), std::string::npos) << m.at("name").get<std::string>();
     }
   }
 }
@@ -551,59 +418,59 @@ TEST(PercpuBenchStructures, TableJsonAndSvgHoldEveryRow) {
                               json_path, "--svg", svg_path});
   ASSERT_EQ(r.status, 0) << r.err;
   json root;
-  ASSERT_TRUE(json_reader(slurp(json_path)).parse(&root)) << slurp(json_path);
+  ASSERT_TRUE(parse_json(slurp(json_path), &root)) << slurp(json_path);
   const std::string svg = slurp(svg_path);
   unlink(json_path.c_str());
   unlink(svg_path.c_str());
   EXPECT_NE(r.out.find("2. percpu's structures against what they replace"), std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("The glibc seed's table"), std::string::npos) << "--structures replaces it";
-  EXPECT_TRUE(root["options"]["structures"].b);
-  EXPECT_TRUE(root["methods"].items.empty());
+  EXPECT_TRUE(root.at("options").at("structures").get<bool>());
+  EXPECT_TRUE(root.at("methods").empty());
 
   const std::vector<std::string> kinds = {"counter_add", "free_list_push_pop",
                                           "object_pool_allocate_deallocate", "shared_mutex_read",
                                           "ref_get_put"};
-  const json& rows = root["structures"];
-  ASSERT_EQ(rows.items.size(), kinds.size() * 2);
+  const json& rows = root.at("structures");
+  ASSERT_EQ(rows.size(), kinds.size() * 2);
   // This process's rseq decides whether the "with rseq" column can exist;
   // the child without rseq must work everywhere the filter can be installed.
   const bool have_rseq = percpu::backend() == percpu::cpu_backend::rseq;
-  for (std::size_t i = 0; i < rows.items.size(); ++i) {
-    const json& row = rows.items[i];
-    SCOPED_TRACE(row["name"].str + " x" + std::to_string(static_cast<int>(row["threads"].num)));
-    EXPECT_EQ(row["name"].str, kinds[i / 2]);
-    EXPECT_EQ(row["threads"].num, static_cast<double>(1 + i % 2));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const json& row = rows[i];
+    SCOPED_TRACE(row.at("name").get<std::string>() + " x" + std::to_string(static_cast<int>(row.at("threads").get<double>())));
+    EXPECT_EQ(row.at("name").get<std::string>(), kinds[i / 2]);
+    EXPECT_EQ(row.at("threads").get<double>(), static_cast<double>(1 + i % 2));
     for (const char* mode : {"with_rseq", "without_rseq"}) {
-      const json& m = row[mode];
+      const json& m = row.at(mode);
       const bool expected = std::string(mode) == "without_rseq" || have_rseq;
-      ASSERT_EQ(m["available"].b, expected) << mode << ": " << (m.has("reason") ? m["reason"].str : "");
+      ASSERT_EQ(m.at("available").get<bool>(), expected) << mode << ": " << (m.contains("reason") ? m.at("reason").get<std::string>() : "");
       if (!expected) continue;
-      EXPECT_EQ(m["backend"].str == "rseq", std::string(mode) == "with_rseq") << mode;
+      EXPECT_EQ(m.at("backend").get<std::string>() == "rseq", std::string(mode) == "with_rseq") << mode;
       for (const char* side : {"percpu", "alternative"}) {
-        const json& s = m[side];
-        ASSERT_TRUE(s["available"].b) << mode << " " << side;
-        EXPECT_GT(s["ns_per_op"].num, 0);
-        EXPECT_LE(s["min_ns_per_op"].num, s["ns_per_op"].num);
-        EXPECT_GE(s["max_ns_per_op"].num, s["ns_per_op"].num);
-        EXPECT_EQ(s["repetitions_ns_per_op"].items.size(), 2u);
-        EXPECT_LE(s["calls_per_repetition"].num, 300);
+        const json& s = m.at(side);
+        ASSERT_TRUE(s.at("available").get<bool>()) << mode << " " << side;
+        EXPECT_GT(s.at("ns_per_op").get<double>(), 0);
+        EXPECT_LE(s.at("min_ns_per_op").get<double>(), s.at("ns_per_op").get<double>());
+        EXPECT_GE(s.at("max_ns_per_op").get<double>(), s.at("ns_per_op").get<double>());
+        EXPECT_EQ(s.at("repetitions_ns_per_op").size(), 2u);
+        EXPECT_LE(s.at("calls_per_repetition").get<double>(), 300);
       }
-      EXPECT_GT(m["ratio"].num, 0);
+      EXPECT_GT(m.at("ratio").get<double>(), 0);
       // The printed table shows the same medians, on the row's own line.
-      const std::string line = line_starting(r.out, row["label"].str);
-      EXPECT_NE(r.out.find(two_decimals(m["percpu"]["ns_per_op"].num) + "  " +
-                           two_decimals(m["percpu"]["min_ns_per_op"].num) + "-"),
+      const std::string line = line_starting(r.out, row.at("label").get<std::string>());
+      EXPECT_NE(r.out.find(two_decimals(m.at("percpu").at("ns_per_op").get<double>()) + "  " +
+                           two_decimals(m.at("percpu").at("min_ns_per_op").get<double>()) + "-"),
                 std::string::npos)
           << line;
-      EXPECT_NE(svg.find(two_decimals(m["percpu"]["ns_per_op"].num) + " ns"), std::string::npos);
-      EXPECT_NE(svg.find(two_decimals(m["alternative"]["ns_per_op"].num) + " ns"),
+      EXPECT_NE(svg.find(two_decimals(m.at("percpu").at("ns_per_op").get<double>()) + " ns"), std::string::npos);
+      EXPECT_NE(svg.find(two_decimals(m.at("alternative").at("ns_per_op").get<double>()) + " ns"),
                 std::string::npos);
     }
   }
-  EXPECT_EQ(root["structures_bar"].items.size(), kinds.size() * 2);
-  for (const json& b : root["structures_bar"].items) {
-    EXPECT_NE(r.out.find(b["check"].str), std::string::npos) << b["check"].str << " not printed";
+  EXPECT_EQ(root.at("structures_bar").size(), kinds.size() * 2);
+  for (const json& b : root.at("structures_bar")) {
+    EXPECT_NE(r.out.find(b.at("check").get<std::string>()), std::string::npos) << b.at("check").get<std::string>() << " not printed";
   }
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
 }
@@ -626,22 +493,22 @@ TEST(PercpuBenchThreads, ReportsEveryAllowedCpu) {
                               "cpu_id,glibc_sched_getcpu_rseq_off,arm64", "--json", json_path});
   ASSERT_EQ(r.status, 0) << r.err;
   json root;
-  ASSERT_TRUE(json_reader(slurp(json_path)).parse(&root));
+  ASSERT_TRUE(parse_json(slurp(json_path), &root));
   unlink(json_path.c_str());
-  EXPECT_TRUE(root["options"]["threads"].b);
+  EXPECT_TRUE(root.at("options").at("threads").get<bool>());
   EXPECT_NE(r.out.find("5. Per CPU"), std::string::npos);
-  for (const json& m : root["methods"].items) {
-    SCOPED_TRACE(m["name"].str);
-    if (m["name"].str == "glibc_sched_getcpu_rseq_off") {
-      EXPECT_FALSE(m["available"].b) << "the child row is single-threaded only";
+  for (const json& m : root.at("methods")) {
+    SCOPED_TRACE(m.at("name").get<std::string>());
+    if (m.at("name").get<std::string>() == "glibc_sched_getcpu_rseq_off") {
+      EXPECT_FALSE(m.at("available").get<bool>()) << "the child row is single-threaded only";
       continue;
     }
-    ASSERT_TRUE(m["available"].b);
-    ASSERT_EQ(m["per_cpu"].items.size(), cpus);
-    for (const json& c : m["per_cpu"].items) {
-      EXPECT_TRUE(CPU_ISSET(static_cast<int>(c["cpu"].num), &set));
-      EXPECT_GT(c["ns_per_call"].num, 0);
-      EXPECT_EQ(c["elapsed_ns"].items.size(), 2u);
+    ASSERT_TRUE(m.at("available").get<bool>());
+    ASSERT_EQ(m.at("per_cpu").size(), cpus);
+    for (const json& c : m.at("per_cpu")) {
+      EXPECT_TRUE(CPU_ISSET(static_cast<int>(c.at("cpu").get<double>()), &set));
+      EXPECT_GT(c.at("ns_per_call").get<double>(), 0);
+      EXPECT_EQ(c.at("elapsed_ns").size(), 2u);
     }
   }
 }

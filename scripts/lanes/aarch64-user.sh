@@ -51,22 +51,10 @@ case $BUILD in /*) ;; *) BUILD=$REPO/$BUILD ;; esac
 STRESS_SCALE=${AARCH64_STRESS_SCALE:-0.25}
 SYSROOT=/usr/aarch64-linux-gnu
 LANE=aarch64-user
+source "$REPO/scripts/lanes/lib.sh"
 lane_start=$(date +%s)
 
-say() { echo "[$LANE] $*"; }
-die() { echo "[$LANE] FAILED: $*" >&2; exit 1; }
-
-packages=(qemu-user g++-aarch64-linux-gnu cmake ninja-build googletest binutils-aarch64-linux-gnu)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  [[ $(id -u) -eq 0 ]] || die "missing packages; run: apt-get install -y ${missing[*]}"
-  say "installing ${missing[*]}"
-  apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
-fi
+need_packages qemu-user g++-aarch64-linux-gnu cmake ninja-build googletest binutils-aarch64-linux-gnu
 QEMU=$(command -v qemu-aarch64) || die "qemu-aarch64 not found"
 
 mkdir -p "$BUILD"

@@ -5,7 +5,7 @@
 # sid, 7.3-rc experimental) for x86-64 (qemu-system-x86_64 -accel tcg -cpu max
 # -smp 2: KVM does not work for these guests here) and arm64
 # (qemu-system-aarch64 -M virt -cpu max -smp 2), each with an initramfs whose
-# /init is the aarch64-system lane's (scripts/lanes/aarch64/init.c). In every
+# /init is the aarch64-system lane's (scripts/lanes/vm/init.sh). In every
 # VM the rseq-relevant suites run statically linked against the build's glibc,
 # in each mode: glibc-owned, percpu's own registration, and the fallback
 # (seccomp makes rseq ENOSYS). On the kernels in DYNAMIC_SUITES, and on this
@@ -22,7 +22,8 @@
 # and on any run that should have had rseq and did not.
 #
 # Packages come through a private apt configuration (scripts/lanes/vm/fetch.sh),
-# cached in build/kernels-cache: a fresh machine downloads each one once.
+# cached in build/kernels-cache (or VM_CACHE): a fresh machine downloads each
+# one once.
 #
 # Settings (environment):
 #   KERNELS_BUILD_DIR     build directory (default build/lanes/kernels)
@@ -41,7 +42,6 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=${KERNELS_BUILD_DIR:-$REPO/build/lanes/kernels}
 case $BUILD in /*) ;; *) BUILD=$REPO/$BUILD ;; esac
-CACHE=$REPO/build/kernels-cache
 SUITES=(${KERNELS_SUITES:-bullseye bookworm trixie sid experimental})
 AARCH64_SUITES=(${KERNELS_AARCH64_SUITES:-sid experimental})
 suites_for() { if [[ $1 == aarch64 ]]; then echo "${AARCH64_SUITES[@]}"; else echo "${SUITES[@]}"; fi; }
@@ -60,38 +60,21 @@ FOREIGN_TESTS=(foreign_rseq_librseq_test foreign_rseq_abi_test)
 # Long enough for the stress tests' helper threads (affinity flippers) to act
 # under TCG, short enough for ten VMs.
 STRESS_SCALE=0.2
-TAG=kernels
+LANE=kernels
+source "$REPO/scripts/lanes/lib.sh"
 lane_start=$(date +%s)
 
-say() { echo "[$TAG] $*"; }
-die() { echo "[$TAG] FAILED: $*" >&2; exit 1; }
-
-# --- Debian packages for the host ----------------------------------------
-packages=(qemu-system-x86 qemu-system-arm g++-aarch64-linux-gnu cpio cmake ninja-build googletest gzip python3)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  [[ $(id -u) -eq 0 ]] || die "missing packages; run: apt-get install -y ${missing[*]}"
-  say "installing ${missing[*]}"
-  apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
-fi
-
-debarch() { [[ $1 == x86_64 ]] && echo amd64 || echo arm64; }
+need_packages qemu-system-x86 qemu-system-arm g++-aarch64-linux-gnu cpio cmake ninja-build googletest gzip python3
 
 # --- Kernels and glibcs --------------------------------------------------
 fetch_start=$(date +%s)
 declare -A KERNEL GLIBC
 for arch in "${ARCHES[@]}"; do
   for suite in $(suites_for "$arch"); do
-    KERNEL[$arch-$suite]=$("$REPO/scripts/lanes/vm/fetch.sh" "$CACHE" kernel "$(debarch "$arch")" "$suite") ||
-      die "cannot fetch the $suite kernel for $arch"
+    KERNEL[$arch-$suite]=$(fetch kernel "$(debarch "$arch")" "$suite")
   done
   for suite in "${GLIBC_SUITES[@]}"; do
-    GLIBC[$arch-$suite]=$("$REPO/scripts/lanes/vm/fetch.sh" "$CACHE" libc6 "$(debarch "$arch")" "$suite") ||
-      die "cannot fetch $suite's glibc for $arch"
+    GLIBC[$arch-$suite]=$(fetch libc6 "$(debarch "$arch")" "$suite")
   done
 done
 say "packages ready ($(($(date +%s) - fetch_start))s)"
@@ -116,23 +99,17 @@ build() {  # arch kind -> directory
 for arch in "${ARCHES[@]}"; do build "$arch" static; build "$arch" dynamic; done
 say "builds ready ($(($(date +%s) - build_start))s)"
 
-# --- Manifests (init.c's format) -----------------------------------------
-# Runs are named SUITE/GLIBC/MODE/TEST so the report can group them.
-run() {  # name, then: env NAME=VALUE..., rseq, --, argv...
-  local name=$1; shift
-  echo "run $name"
-  echo "timeout 600"
-  echo "env PERCPU_STRESS_SCALE=$STRESS_SCALE"
-  local rseq=0
+# --- Run lists (vm/init.sh's `run` lines) --------------------------------
+# Runs are named GLIBC/MODE/TEST so the report can group them.
+run() {  # name, then: NAME=VALUE..., rseq, --, argv...
+  local name=$1 checks=(mode) settings=(PERCPU_STRESS_SCALE=$STRESS_SCALE)
+  shift
   while [[ $1 != -- ]]; do
-    case $1 in rseq) rseq=1 ;; *) echo "env $1" ;; esac
+    if [[ $1 == rseq ]]; then checks+=(rseq); else settings+=("$1"); fi
     shift
   done
   shift
-  for a in "$@"; do echo "arg $a"; done
-  echo mode
-  ((rseq)) && echo rseq
-  echo end
+  echo "run $name timeout=600 ${checks[*]} -- $(printf '%q ' "${settings[@]}" "$@")"
 }
 glibc_version() { cat "${GLIBC[$1-$2]}/version" | sed 's/-.*//'; }
 loader_name() { [[ $1 == x86_64 ]] && echo ld-linux-x86-64.so.2 || echo ld-linux-aarch64.so.1; }
@@ -179,12 +156,10 @@ dynamic_runs() {  # arch prefix
 
 # --- Initramfs per arch --------------------------------------------------
 pack() {  # arch
-  local arch=$1 root=$BUILD/$1-root cc=gcc lib=/usr/lib/x86_64-linux-gnu t g
-  [[ $arch == aarch64 ]] && { cc=aarch64-linux-gnu-gcc; lib=/usr/aarch64-linux-gnu/lib; }
-  rm -rf "$root"
-  mkdir -p "$root"/{lane,proc,sys,dev,tmp,bin,s,d/lib,g}
-  $cc -std=gnu11 -O2 -Wall -Wextra -Werror -static "-DTAG=\"$TAG: \"" \
-    -o "$root/init" "$REPO/scripts/lanes/aarch64/init.c" || die "building /init for $arch failed"
+  local arch=$1 root=$BUILD/$1-root lib=/usr/lib/x86_64-linux-gnu t g
+  [[ $arch == aarch64 ]] && lib=/usr/aarch64-linux-gnu/lib
+  vm_root "$root" "$arch"
+  mkdir -p "$root"/{s,d/lib,g}
   for t in seccomp_exec "${STATIC_SUITES[@]}" sections_switch_test; do
     cp "$(find "$BUILD/$arch-static" -name "$t" -type f -perm -u+x | head -n1)" "$root/s/"
   done
@@ -198,7 +173,7 @@ pack() {  # arch
   done
   { static_runs ""; } >"$root/lane/runs-static"
   { static_runs ""; dynamic_runs "$arch" ""; } >"$root/lane/runs-full"
-  (cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0 | gzip -1) >"$BUILD/$arch.cpio.gz"
+  vm_pack "$root" "$BUILD/$arch.cpio.gz"
 }
 for arch in "${ARCHES[@]}"; do pack "$arch"; done
 
@@ -210,18 +185,10 @@ boot() {  # arch suite
   local arch=$1 suite=$2 runs=runs-static extra="" log=$LOGS/$1-$2.log
   contains "$suite" "${DYNAMIC_SUITES[@]}" && runs=runs-full
   [[ $suite == "$DEBUG_SUITE" ]] && extra="rseq_debug=1"
-  local qemu=(qemu-system-x86_64 -accel tcg -cpu max -M pc) console=ttyS0
-  [[ $arch == aarch64 ]] && { qemu=(qemu-system-aarch64 -M virt -cpu max); console=ttyAMA0; }
-  local start=$(date +%s)
-  set +e
-  timeout --kill-after=10 1200 "${qemu[@]}" -smp 2 -m 1024 -display none -no-reboot -monitor none \
-    -serial stdio -kernel "${KERNEL[$arch-$suite]}" -initrd "$BUILD/$arch.cpio.gz" \
-    -append "console=$console panic=-1 loglevel=4 rdinit=/init $extra -- /lane/$runs" </dev/null 2>&1 |
-    tr -d '\r' >"$log"
-  local rc=${PIPESTATUS[0]}
-  set -e
+  local start=$(date +%s) rc=0
+  vm_boot "$arch" "${KERNEL[$arch-$suite]}" "$BUILD/$arch.cpio.gz" 1200 $extra -- "/lane/$runs" >"$log" || rc=$?
   echo "qemu_exit $rc" >>"$log"
-  say "$arch $suite ($(cat "$(dirname "${KERNEL[$arch-$suite]}")/package")): $(grep -m1 -E "^$TAG: [0-9]+ passed" "$log" | sed "s/^$TAG: //" || echo 'no summary') in $(($(date +%s) - start))s${extra:+ ($extra)}"
+  say "$arch $suite ($(cat "$(dirname "${KERNEL[$arch-$suite]}")/package")): $(grep -m1 -E "^$LANE: [0-9]+ passed" "$log" | sed "s/^$LANE: //" || echo 'no summary') in $(($(date +%s) - start))s${extra:+ ($extra)}"
 }
 vm_start=$(date +%s)
 for arch in "${ARCHES[@]}"; do
@@ -232,8 +199,8 @@ vm_secs=$(($(date +%s) - vm_start))
 if contains x86_64 "${ARCHES[@]}"; then
   root=$BUILD/x86_64-root
   { static_runs "$root"; dynamic_runs x86_64 "$root"; } >"$BUILD/host-runs"
-  "$root/init" "$BUILD/host-runs" >"$LOGS/x86_64-host.log" 2>&1 || true
-  say "x86_64 host $(uname -r): $(grep -m1 -E "^$TAG: [0-9]+ passed" "$LOGS/x86_64-host.log" | sed "s/^$TAG: //" || echo 'no summary')"
+  TAG=$LANE "$root/bin/busybox" sh "$root/init" "$BUILD/host-runs" >"$LOGS/x86_64-host.log" 2>&1 || true
+  say "x86_64 host $(uname -r): $(grep -m1 -E "^$LANE: [0-9]+ passed" "$LOGS/x86_64-host.log" | sed "s/^$LANE: //" || echo 'no summary')"
 fi
 
 # --- Report and verdict --------------------------------------------------
@@ -242,7 +209,7 @@ dirty=$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null | hea
 doc=$REPO/docs/compatibility.md
 # Only the whole matrix replaces the published table.
 [[ -n ${KERNELS_NO_DOC:-} || "${AARCH64_SUITES[*]}" != "${SUITES[*]}" ]] && doc=$BUILD/compatibility.md
-python3 "$REPO/scripts/lanes/vm/report.py" --tag "$TAG" --commit "$commit${dirty:+ (with local changes)}" \
+python3 "$REPO/scripts/lanes/vm/report.py" --tag "$LANE" --commit "$commit${dirty:+ (with local changes)}" \
   --out "$doc" "$LOGS"/*.log
 status=$?
 say "wall time: lane $(($(date +%s) - lane_start))s (VMs ${vm_secs}s); table in ${doc#$REPO/}"

@@ -5,6 +5,7 @@
 #   scripts/lanes/vm/fetch.sh CACHE kernel ARCH SUITE   -> prints the path of the kernel image
 #   scripts/lanes/vm/fetch.sh CACHE libc6 ARCH SUITE    -> prints a directory with that glibc's
 #                                                          lib/ (ld.so, libc.so.6, libm.so.6...)
+#   scripts/lanes/vm/fetch.sh CACHE busybox ARCH SUITE  -> prints the path of busybox-static's binary
 #
 # CACHE is a directory in the build tree. Its apt/ holds the configuration,
 # package lists and downloaded .debs; a package already there is never
@@ -113,5 +114,20 @@ case $WHAT in
     fi
     echo "$out"
     ;;
-  *) echo "fetch: unknown kind '$WHAT' (kernel or libc6)" >&2; exit 2 ;;
+  busybox)
+    v=$(version_in_suite busybox-static)
+    [[ -n $v ]] || { echo "fetch: $SUITE has no busybox-static for $ARCH" >&2; exit 1; }
+    deb=$(download busybox-static "$v")
+    out=$CACHE/busybox/$ARCH-$SUITE
+    if [[ ! -s $out/busybox || $(cat "$out/version" 2>/dev/null) != "$v" ]]; then
+      rm -rf "$out" && mkdir -p "$out/x"
+      dpkg-deb -x "$deb" "$out/x"
+      find "$out/x" -name busybox -type f -perm -u+x -exec cp {} "$out/busybox" \;
+      [[ -s $out/busybox ]] || { echo "fetch: no busybox in $deb" >&2; exit 1; }
+      echo "$v" >"$out/version"
+      rm -rf "$out/x"
+    fi
+    echo "$out/busybox"
+    ;;
+  *) echo "fetch: unknown kind '$WHAT' (kernel, libc6 or busybox)" >&2; exit 2 ;;
 esac

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turns the kernels lane's serial logs into its compatibility table.
 
-Each log is what init.c printed in one VM (or on this machine): a kernel line,
+Each log is what vm/init.sh printed in one VM (or on this machine): a kernel line,
 then per run "TAG: RUN name", the test's own output (with expect_mode.cpp's
 "percpu test mode: ..." line) and "TAG: PASS|FAIL name (...)". Run names are
 GLIBC/MODE/TEST (scripts/lanes/kernels.sh). Runs are grouped by kernel, arch,
