@@ -88,7 +88,7 @@ lane_default() { preset_lane default; }
 lane_clang() { preset_lane clang; }
 lane_asan-ubsan() { preset_lane asan-ubsan; }
 # -Wno-tsan (in the preset): GCC warns that TSan does not model standalone
-# fences; the fence in slot_lock.cpp orders sections against lockers, and no
+# fences; the fence in cpu_slots.cpp orders sections against lockers, and no
 # section runs on this lane's fallback paths.
 lane_tsan() { preset_lane tsan; }
 lane_valgrind() { preset_lane valgrind; }
