@@ -52,7 +52,8 @@ int main() {
   // Where the work ran: one slot per possible CPU.
   for (int cpu = 0; cpu < requests.slots(); ++cpu) {
     if (requests.slot(cpu) != 0) {
-      std::printf("  cpu %d served %lld requests\n", cpu, static_cast<long long>(requests.slot(cpu)));
+      std::printf("  cpu %d served %lld requests\n", cpu,
+                  static_cast<long long>(requests.slot(cpu)));
     }
   }
   const bool exact = requests.load() == expected_requests && bytes_sent.load() == expected_bytes;

@@ -66,14 +66,16 @@ int main() {
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      for (int i = 0; i < kWordsPerThread; ++i) tally.add(words[static_cast<size_t>(i + t) % words.size()]);
+      for (int i = 0; i < kWordsPerThread; ++i)
+        tally.add(words[static_cast<size_t>(i + t) % words.size()]);
     });
   }
   for (std::thread& t : threads) t.join();
 
   long total = 0;
   bool even = true;
-  const long per_word = static_cast<long>(kThreads) * kWordsPerThread / static_cast<long>(words.size());
+  const long per_word =
+      static_cast<long>(kThreads) * kWordsPerThread / static_cast<long>(words.size());
   for (const auto& [word, n] : tally.totals()) {
     std::printf("%-8s %ld\n", word.c_str(), n);
     total += n;

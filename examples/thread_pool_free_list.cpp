@@ -140,9 +140,11 @@ int main() {
   pool.shutdown();
   const long allocated = pool.free_tasks().allocated.load();
   const long reused = pool.free_tasks().reused.load();
-  std::printf("tasks: %ld, allocated: %ld, reused from free lists: %ld\n", kTasks, allocated, reused);
+  std::printf("tasks: %ld, allocated: %ld, reused from free lists: %ld\n", kTasks, allocated,
+              reused);
   // Every task came from new or from a free list, and recycling happened.
   const bool ok = pool.sum() == expected && allocated + reused == kTasks && reused > 0;
-  std::printf("%s: sum %ld (expected %ld)\n", ok ? "pool exact" : "POOL WRONG", pool.sum(), expected);
+  std::printf("%s: sum %ld (expected %ld)\n", ok ? "pool exact" : "POOL WRONG", pool.sum(),
+              expected);
   return ok ? 0 : 1;
 }

@@ -18,9 +18,7 @@ static_assert(sizeof(std::intptr_t) == sizeof(std::int64_t) || !internal::kHaveR
 
 namespace {
 
-std::size_t block_bytes(int count) {
-  return 64 * (static_cast<std::size_t>(count) + 1);
-}
+std::size_t block_bytes(int count) { return 64 * (static_cast<std::size_t>(count) + 1); }
 
 // Reads a word that rseq sections on another CPU write with plain stores.
 std::int64_t read_rseq_word(const std::intptr_t* word) {
@@ -82,8 +80,8 @@ counter::~counter() {
 counter::slot_words* counter::allocate() noexcept {
   const int count = max_cpus();
   const int saved_errno = errno;
-  void* memory = mmap(nullptr, block_bytes(count), PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* memory =
+      mmap(nullptr, block_bytes(count), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   errno = saved_errno;
   if (memory == MAP_FAILED) return nullptr;
   block* fresh = static_cast<block*>(memory);

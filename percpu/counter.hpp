@@ -152,8 +152,7 @@ inline void counter::add(std::int64_t delta) noexcept {
   slot_words* s = slots_.load(std::memory_order_relaxed);
   internal::rseq_area* area = internal::serving_rseq_area();
   const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-  if (__builtin_expect(internal::within(cpu, limit), 1) &&
-      __builtin_expect(s != nullptr, 1)) {
+  if (__builtin_expect(internal::within(cpu, limit), 1) && __builtin_expect(s != nullptr, 1)) {
     // Unsigned: the index is below the bound, so the zero extension is free.
     std::intptr_t* word = &s[static_cast<unsigned>(cpu)].by_rseq;
     if (__builtin_expect(internal::rseq_addv<index_kind::cpu_id>(

@@ -195,7 +195,8 @@ long hammer(counter& c, const run_options& options) {
     g_signal_counter = nullptr;
     const double seconds = std::chrono::duration<double>(stress::scaled(options.length)).count();
     std::printf("signal handlers ran %ld times, %.0f per second over all workers\n",
-                g_handler_adds.load() / 3, static_cast<double>(g_handler_adds.load() / 3) / seconds);
+                g_handler_adds.load() / 3,
+                static_cast<double>(g_handler_adds.load() / 3) / seconds);
     EXPECT_GT(g_handler_adds.load(), 0) << "no timer signal reached a worker";
     total += g_handler_adds.load();
   }
@@ -379,7 +380,8 @@ TEST(CounterStressTest, ForkDuringHeavyUse) {
       }
       added.fetch_add(mine);
     });
-    const auto until = std::chrono::steady_clock::now() + stress::scaled(std::chrono::milliseconds(600));
+    const auto until =
+        std::chrono::steady_clock::now() + stress::scaled(std::chrono::milliseconds(600));
     while (std::chrono::steady_clock::now() < until) {
       const int status = stress::run_in_child(
           [&c] {

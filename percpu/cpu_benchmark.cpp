@@ -36,10 +36,10 @@ void run_batches(benchmark::State& state, bench::loop_fn loop) {
   for (auto _ : state) loop(kBatch);
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kBatch));
   // Seconds per call of one thread, shown with an SI prefix (ns, ps).
-  state.counters["per_call"] = benchmark::Counter(
-      static_cast<double>(kBatch), benchmark::Counter::kIsIterationInvariantRate |
-                                       benchmark::Counter::kAvgThreads |
-                                       benchmark::Counter::kInvert);
+  state.counters["per_call"] =
+      benchmark::Counter(static_cast<double>(kBatch),
+                         benchmark::Counter::kIsIterationInvariantRate |
+                             benchmark::Counter::kAvgThreads | benchmark::Counter::kInvert);
 }
 
 bool usable(benchmark::State& state, cpu_backend backend) {

@@ -99,8 +99,10 @@ std::string check_pinned(int cpu) {
   const int got = cpu_id();
   if (got != cpu) return "cpu_id()=" + std::to_string(got) + " on CPU " + std::to_string(cpu);
   if (percpu_cpu_id() != cpu) return "percpu_cpu_id() wrong on CPU " + std::to_string(cpu);
-  if (percpu_sched_getcpu() != cpu) return "percpu_sched_getcpu() wrong on CPU " + std::to_string(cpu);
-  if (node_id() != k.node) return "node_id()=" + std::to_string(node_id()) + " want " + std::to_string(k.node);
+  if (percpu_sched_getcpu() != cpu)
+    return "percpu_sched_getcpu() wrong on CPU " + std::to_string(cpu);
+  if (node_id() != k.node)
+    return "node_id()=" + std::to_string(node_id()) + " want " + std::to_string(k.node);
   if (percpu_node_id() != k.node) return "percpu_node_id() wrong";
   const int cid = concurrency_id();
   if (cid < 0 || cid >= max_cpus()) return "concurrency_id() out of range: " + std::to_string(cid);
@@ -167,10 +169,11 @@ cpu_backend expected_unforced_fallback() {
 // mode it is for, asserted.
 TEST(CpuMode, PrintedAndAsExpected) {
   const int id = cpu_id();
-  std::printf("percpu mode: owner=%s backend=%s fallback=%s rseq_feature_size=%u max_cpus=%d "
-              "registration_error=%d cpu=%d\n",
-              to_string(rseq_ownership()), to_string(backend()), to_string(fallback_backend()),
-              rseq_feature_size(), max_cpus(), internal::rseq_registration_error(), id);
+  std::printf(
+      "percpu mode: owner=%s backend=%s fallback=%s rseq_feature_size=%u max_cpus=%d "
+      "registration_error=%d cpu=%d\n",
+      to_string(rseq_ownership()), to_string(backend()), to_string(fallback_backend()),
+      rseq_feature_size(), max_cpus(), internal::rseq_registration_error(), id);
   if (const char* want = std::getenv("PERCPU_EXPECT_OWNER")) {
     EXPECT_STREQ(to_string(rseq_ownership()), want);
   }
@@ -228,8 +231,9 @@ std::string scan_environment_block(const std::string& block, const char* name, s
 }
 
 TEST(StartupEnvironment, FindsAVariableInAnEnvironmentBlock) {
-  const char raw[] = "HOME=/root\0PERCPU_BACKENDS=x\0X=PERCPU_BACKEND=no\0PERCPU_BACKEND=vdso\0"
-                     "PATH=/bin";
+  const char raw[] =
+      "HOME=/root\0PERCPU_BACKENDS=x\0X=PERCPU_BACKEND=no\0PERCPU_BACKEND=vdso\0"
+      "PATH=/bin";
   const std::string block(raw, sizeof(raw));
   for (std::size_t piece : {1u, 3u, 7u, 512u}) {
     EXPECT_EQ(scan_environment_block(block, "PERCPU_BACKEND", piece), "vdso") << piece;
@@ -562,8 +566,8 @@ void run_preinit_probe(int, char**, char**) {
   g_preinit.kernel_before = static_cast<int>(a);
   g_preinit.kernel_after = static_cast<int>(b);
 }
-__attribute__((section(".preinit_array"), used)) void (*const g_preinit_entry)(int, char**, char**) =
-    run_preinit_probe;
+__attribute__((section(".preinit_array"),
+               used)) void (*const g_preinit_entry)(int, char**, char**) = run_preinit_probe;
 
 TEST(CpuStatic, CApiWorksBeforeAnyConstructor) {
   ASSERT_GE(g_preinit.kernel_before, 0);
@@ -593,7 +597,8 @@ TEST(CpuExec, WorksAfterExec) {
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    execl(program_invocation_name, program_invocation_name, "--gtest_filter=BackendTest.EveryBackendAgreesWithGetcpuOnEveryCpu",
+    execl(program_invocation_name, program_invocation_name,
+          "--gtest_filter=BackendTest.EveryBackendAgreesWithGetcpuOnEveryCpu",
           static_cast<char*>(nullptr));
     _exit(127);
   }

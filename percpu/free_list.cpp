@@ -83,7 +83,8 @@ void free_list::push_slow(free_list_node* node, bool has_sections) noexcept {
   if (!has_sections) {
     if (internal::thread_slot* own = own_thread_slot()) {
       if (internal::thread_slot_enter(own)) {
-        node->next = reinterpret_cast<free_list_node*>(__atomic_load_n(&own->head, __ATOMIC_RELAXED));
+        node->next =
+            reinterpret_cast<free_list_node*>(__atomic_load_n(&own->head, __ATOMIC_RELAXED));
         __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(node), __ATOMIC_RELAXED);
         internal::thread_slot_leave(own);
         return;
@@ -164,7 +165,8 @@ void free_list::push_chain_home(free_list_node* first, free_list_node* last) noe
   } else {
     if (internal::thread_slot* own = own_thread_slot()) {
       if (internal::thread_slot_enter(own)) {
-        last->next = reinterpret_cast<free_list_node*>(__atomic_load_n(&own->head, __ATOMIC_RELAXED));
+        last->next =
+            reinterpret_cast<free_list_node*>(__atomic_load_n(&own->head, __ATOMIC_RELAXED));
         __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(first), __ATOMIC_RELAXED);
         internal::thread_slot_leave(own);
         return;

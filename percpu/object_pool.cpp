@@ -78,8 +78,7 @@ object_pool::object_pool(const options& opts) {
   }
   if (opts.alignment == 0 || (opts.alignment & (opts.alignment - 1)) != 0 ||
       opts.alignment > kMaxAlignment) {
-    throw std::invalid_argument("percpu::object_pool: alignment " +
-                                std::to_string(opts.alignment) +
+    throw std::invalid_argument("percpu::object_pool: alignment " + std::to_string(opts.alignment) +
                                 " is not a power of two no larger than " +
                                 std::to_string(kMaxAlignment));
   }
@@ -167,8 +166,8 @@ void object_pool::depot_unlock() noexcept { internal::release_flag(&depot_flag_)
 bool object_pool::carve_chunk_locked() noexcept {
   // Map twice the size and keep the aligned middle, so the chunk of any
   // object is its address rounded down.
-  void* raw = mmap(nullptr, 2 * kChunkBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
+  void* raw =
+      mmap(nullptr, 2 * kChunkBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return false;
   const auto start = reinterpret_cast<std::uintptr_t>(raw);
   const std::uintptr_t aligned = round_up(start, kChunkBytes);
@@ -181,8 +180,8 @@ bool object_pool::carve_chunk_locked() noexcept {
   const std::size_t max_objects = kChunkBytes / stride_;
   const std::size_t bitmap_words = (max_objects + 63) / 64;
   c->bits = reinterpret_cast<std::uint64_t*>(c + 1);
-  const std::size_t header = round_up(sizeof(chunk) + bitmap_words * sizeof(std::uint64_t),
-                                      alignment_);
+  const std::size_t header =
+      round_up(sizeof(chunk) + bitmap_words * sizeof(std::uint64_t), alignment_);
   c->first = reinterpret_cast<char*>(aligned) + header;
   c->objects = (kChunkBytes - header) / stride_;
   c->next = chunks_;
@@ -281,7 +280,8 @@ std::size_t object_pool::cached_by_threads() const noexcept {
 
 // The calling thread's own cache, for a thread without rseq; nullptr when it
 // has none (see internal::thread_index()).
-__attribute__((always_inline)) inline internal::thread_slot* object_pool::own_thread_slot() noexcept {
+__attribute__((always_inline)) inline internal::thread_slot*
+object_pool::own_thread_slot() noexcept {
   if (thread_slots_ == nullptr) return nullptr;
   // The test seam that sends a thread to the locked per-CPU path keeps it
   // there, so the mixed stress tests still exercise that protocol.
@@ -520,7 +520,10 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
         node* x = reinterpret_cast<node*>(head);
         head = reinterpret_cast<std::intptr_t>(x->next);
         x->next = nullptr;
-        if (last == nullptr) first = x; else last->next = x;
+        if (last == nullptr)
+          first = x;
+        else
+          last->next = x;
         last = x;
         ++count;
       }
@@ -622,8 +625,8 @@ namespace {
 
 // Finds p's chunk and object index; false when p is not an object of `chunks`.
 template <typename Chunk>
-bool locate(Chunk* chunks, std::size_t stride, const void* p, Chunk** found,
-            std::size_t* index, bool* interior) {
+bool locate(Chunk* chunks, std::size_t stride, const void* p, Chunk** found, std::size_t* index,
+            bool* interior) {
   const auto address = reinterpret_cast<std::uintptr_t>(p);
   const std::uintptr_t base = address & ~(kChunkBytes - 1);
   *interior = false;
@@ -650,12 +653,14 @@ void object_pool::check_allocate(void* p) noexcept {
   bool interior = false;
   if (!locate(__atomic_load_n(&chunks_, __ATOMIC_ACQUIRE), stride_, p, &c, &index, &interior)) {
     die("internal error: a cache held a pointer that is not an object of this pool "
-        "(memory corrupted, or an object written after deallocate):", p);
+        "(memory corrupted, or an object written after deallocate):",
+        p);
   }
   const std::uint64_t bit = std::uint64_t{1} << (index % 64);
   if ((__atomic_fetch_or(&c->bits[index / 64], bit, __ATOMIC_RELAXED) & bit) != 0) {
     die("object handed out twice (an object was deallocated twice, or written after "
-        "deallocate):", p);
+        "deallocate):",
+        p);
   }
 }
 

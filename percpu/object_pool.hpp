@@ -92,8 +92,7 @@ class object_pool final : private internal::fork_participant {
   // batch must not overflow the depth counters.
   static constexpr std::size_t max_cache_capacity = PTRDIFF_MAX / 4;
 
-  explicit object_pool(std::size_t object_size,
-                       std::size_t alignment = alignof(std::max_align_t));
+  explicit object_pool(std::size_t object_size, std::size_t alignment = alignof(std::max_align_t));
   explicit object_pool(const options& opts);
   ~object_pool();
   object_pool(const object_pool&) = delete;
@@ -199,9 +198,8 @@ inline void* object_pool::allocate() noexcept {
   internal::rseq_area* area = internal::section_area();
   std::intptr_t popped = 0;
   if (__builtin_expect(area != nullptr, 1) &&
-      __builtin_expect(internal::pop_local_head(area, slots_, slot_count_, offsetof(node, next),
-                                                &popped),
-                       1) &&
+      __builtin_expect(
+          internal::pop_local_head(area, slots_, slot_count_, offsetof(node, next), &popped), 1) &&
       __builtin_expect(popped != end(), 1)) {
     void* p = reinterpret_cast<void*>(popped);
     if (__builtin_expect(checks_, 0)) check_allocate(p);

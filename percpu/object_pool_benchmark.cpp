@@ -167,7 +167,10 @@ void BM_FirstTrimInFreshProcess(benchmark::State& state) {
   }
 }
 
-BENCHMARK(BM_FirstTrimInFreshProcess)->UseManualTime()->Iterations(10)->Repetitions(3)
+BENCHMARK(BM_FirstTrimInFreshProcess)
+    ->UseManualTime()
+    ->Iterations(10)
+    ->Repetitions(3)
     ->Unit(benchmark::kMillisecond);
 
 BENCHMARK(BM_Pool_AllocateDeallocatePair)->Threads(1)->Threads(2)->UseRealTime();

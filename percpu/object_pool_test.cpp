@@ -227,8 +227,8 @@ long membarrier(int command, unsigned flags, int cpu) {
 }
 const int g_fence_errno_before_main = [] {
   const int cpu = sched_getcpu();
-  const long rc = membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU,
-                             cpu < 0 ? 0 : cpu);
+  const long rc =
+      membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU, cpu < 0 ? 0 : cpu);
   return rc == 0 ? 0 : errno;
 }();
 
@@ -255,7 +255,8 @@ TEST(ObjectPoolDeathTest, MisuseIsReportedClearly) {
   object_pool pool(checked(40));
   void* p = pool.allocate();
   int foreign = 0;
-  EXPECT_DEATH(pool.deallocate(&foreign), "deallocate of a pointer that this pool did not allocate");
+  EXPECT_DEATH(pool.deallocate(&foreign),
+               "deallocate of a pointer that this pool did not allocate");
   EXPECT_DEATH(pool.deallocate(static_cast<char*>(p) + 8), "into the middle of an object");
   EXPECT_DEATH(
       {
@@ -456,7 +457,8 @@ TEST(ObjectPoolStressTest, ThreadChurn) {
         }
       }
       for (int i = 0; i < count; ++i) {
-        if (held[i] != nullptr) check_and_free(pool, held[i], static_cast<std::uint64_t>(n) << 16 | i);
+        if (held[i] != nullptr)
+          check_and_free(pool, held[i], static_cast<std::uint64_t>(n) << 16 | i);
       }
     }
   });

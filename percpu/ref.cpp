@@ -46,8 +46,8 @@ ref::ref(release_function release, void* context) noexcept
     : count_(kBias + 1), release_(release), context_(context) {
   const int count = max_cpus();
   const int saved_errno = errno;
-  void* memory = mmap(nullptr, slots_bytes(count), PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* memory =
+      mmap(nullptr, slots_bytes(count), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   errno = saved_errno;
   if (memory != MAP_FAILED) {
     slots_ = static_cast<slot*>(memory);

@@ -144,7 +144,7 @@ inline bool ref::add_local(std::intptr_t step) noexcept {
   const std::intptr_t seen = *reinterpret_cast<volatile std::intptr_t*>(word);
   return __builtin_expect(seen != internal::kSlotLocked, 1) &&
          __builtin_expect(internal::rseq_cmpeqv_storev<index_kind::cpu_id>(area, word, seen,
-                                                                             seen + step, cpu) == 0,
+                                                                           seen + step, cpu) == 0,
                           1);
 }
 

@@ -166,7 +166,8 @@ void race_rounds(const round_options& options) {
     }
     if (options.signals) g_signal_ref.store(nullptr);
     EXPECT_EQ(log.calls.load(), 1) << "round " << round;
-    EXPECT_EQ(log.held_at_release.load(), 0) << "released while references were held, round " << round;
+    EXPECT_EQ(log.held_at_release.load(), 0)
+        << "released while references were held, round " << round;
     EXPECT_FALSE(r.try_get()) << "round " << round;
     refused_total += refused.load();
   }
@@ -201,7 +202,8 @@ TEST(RefStressTest, ForkDuringHeavyUse) {
         r.put();
       }
     });
-    const auto until = std::chrono::steady_clock::now() + stress::scaled(std::chrono::milliseconds(300));
+    const auto until =
+        std::chrono::steady_clock::now() + stress::scaled(std::chrono::milliseconds(300));
     while (std::chrono::steady_clock::now() < until) {
       const int status = stress::run_in_child(
           [&r, &log] {

@@ -189,14 +189,13 @@ std::uint32_t shared_mutex::initialize() noexcept {
     errno = saved_errno;
     if (memory != MAP_FAILED) {
       // Every thread slot's index lives at this one offset in static TLS.
-      __atomic_store_n(&internal::g_reader_index_offset,
-                       reinterpret_cast<char*>(&internal::t_thread_index_plus_one) -
-                           internal::thread_pointer(),
-                       __ATOMIC_RELAXED);
+      __atomic_store_n(
+          &internal::g_reader_index_offset,
+          reinterpret_cast<char*>(&internal::t_thread_index_plus_one) - internal::thread_pointer(),
+          __ATOMIC_RELAXED);
       internal::reader_word* expected = nullptr;
       if (!words_.compare_exchange_strong(expected, static_cast<internal::reader_word*>(memory),
-                                          std::memory_order_acq_rel,
-                                          std::memory_order_acquire)) {
+                                          std::memory_order_acq_rel, std::memory_order_acquire)) {
         munmap(memory, kWordsBytes);
       }
     }

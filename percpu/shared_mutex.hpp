@@ -153,9 +153,9 @@ class shared_mutex : private internal::fork_participant {
   // state_ bits. Readers take the fast path only when all of kSlowBits are
   // clear; the rest of the word is a generation that each writer's unlock
   // advances, so a reader asleep on the word cannot miss an unlock.
-  static constexpr std::uint32_t kUninit = 1;   // mode not chosen yet
-  static constexpr std::uint32_t kFences = 2;   // no membarrier: readers fence
-  static constexpr std::uint32_t kWriter = 4;   // a writer is announced or holds
+  static constexpr std::uint32_t kUninit = 1;  // mode not chosen yet
+  static constexpr std::uint32_t kFences = 2;  // no membarrier: readers fence
+  static constexpr std::uint32_t kWriter = 4;  // a writer is announced or holds
   static constexpr std::uint32_t kSlowBits = kUninit | kFences | kWriter;
   static constexpr std::uint32_t kGeneration = 8;
 

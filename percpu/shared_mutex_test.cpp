@@ -383,11 +383,13 @@ TEST(SharedMutexStressTest, ForkWhileReadersHoldIt) {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     });
-    const auto until = std::chrono::steady_clock::now() + stress::scaled(std::chrono::milliseconds(300));
+    const auto until =
+        std::chrono::steady_clock::now() + stress::scaled(std::chrono::milliseconds(300));
     while (std::chrono::steady_clock::now() < until) {
       // Readers of threads the child does not have may still be counted, so
       // the child only reads (see "Fork" in the header).
-      const int status = stress::run_in_child([&m] { return child_reads(m); }, std::chrono::seconds(60));
+      const int status =
+          stress::run_in_child([&m] { return child_reads(m); }, std::chrono::seconds(60));
       ++children;
       EXPECT_EQ(status, 0) << "child " << children;
     }

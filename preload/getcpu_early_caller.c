@@ -39,7 +39,8 @@ __attribute__((constructor)) static void call_early(void) {
     if (getcpu(&got_cpu, NULL) != 0 || (int)got_cpu != cpu) bad = 3;
     if (getcpu(&got_cpu, &got_node) != 0 || (int)got_cpu != cpu || got_node != kernel_node) bad = 4;
     if (errno != ERRNO_SENTINEL) bad = 5;
-    if (bad != 0) printf("early calls: FAILED (check %d on CPU %d: sched_getcpu said %d)\n", bad, cpu, got);
+    if (bad != 0)
+      printf("early calls: FAILED (check %d on CPU %d: sched_getcpu said %d)\n", bad, cpu, got);
     ++checked;
   }
   sched_setaffinity(0, sizeof(allowed), &allowed);

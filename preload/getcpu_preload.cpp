@@ -93,9 +93,7 @@ call_counts g_counts;
 // Negative means "not served by rseq".
 inline int rseq_cpu() noexcept { return percpu::internal::rseq_cpu_id_or_negative(); }
 
-inline bool fast_path_ready() noexcept {
-  return g_mode.load(std::memory_order_acquire) == kReady;
-}
+inline bool fast_path_ready() noexcept { return g_mode.load(std::memory_order_acquire) == kReady; }
 
 // Lock-free atomics, so counting is async-signal-safe too.
 void count(std::atomic<unsigned long>& calls, std::atomic<unsigned long>& rseq_calls,
@@ -159,7 +157,8 @@ __attribute__((destructor)) void write_trace() {
       "percpu_getcpu pid=%ld sched_getcpu=%lu sched_getcpu_rseq=%lu getcpu=%lu getcpu_rseq=%lu "
       "glibc_rseq=%d fallback=%s\n",
       static_cast<long>(getpid()), g_counts.sched_getcpu.load(), g_counts.sched_getcpu_rseq.load(),
-      g_counts.getcpu.load(), g_counts.getcpu_rseq.load(), percpu::internal::glibc_registered_rseq(nullptr) ? 1 : 0,
+      g_counts.getcpu.load(), g_counts.getcpu_rseq.load(),
+      percpu::internal::glibc_registered_rseq(nullptr) ? 1 : 0,
       percpu::to_string(percpu::fallback_backend()));
   // O_APPEND keeps the lines of a parent and its children whole; O_NOFOLLOW
   // refuses a symbolic link planted at the path.

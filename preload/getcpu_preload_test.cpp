@@ -32,7 +32,6 @@
 #include <string>
 #include <vector>
 
-
 extern char** environ;
 
 namespace {
@@ -41,7 +40,7 @@ struct run_result {
   int exit_code = -1;  // -1 when killed by a signal
   std::string out;
   std::string err;
-  std::string trace;   // the preload's trace file
+  std::string trace;  // the preload's trace file
 };
 
 std::string read_file(const std::string& path) {
@@ -61,8 +60,8 @@ std::string temp_path(const char* stem) {
 }
 
 bool is_controlled(const char* entry) {
-  for (const char* name : {"LD_PRELOAD=", "GLIBC_TUNABLES=", "PERCPU_BACKEND=",
-                           "PERCPU_PRELOAD_TRACE="}) {
+  for (const char* name :
+       {"LD_PRELOAD=", "GLIBC_TUNABLES=", "PERCPU_BACKEND=", "PERCPU_PRELOAD_TRACE="}) {
     if (std::strncmp(entry, name, std::strlen(name)) == 0) return true;
   }
   return false;
@@ -250,16 +249,17 @@ TEST(GetcpuPreload, AnswersRightBeforeItsConstructorsRan) {
     if (tunable_off) env.push_back(kTunableOff);
     const run_result r = run({PERCPU_PROBE_PATH, "check"}, env);
     EXPECT_TRUE(has_line(r.out, "early calls: ok")) << describe(r);
-    expect_preload_answered(r, tunable_off || !glibc_registers_rseq_here() ? expect_source::own_rseq
-                                                                            : expect_source::glibc_rseq);
+    expect_preload_answered(r, tunable_off || !glibc_registers_rseq_here()
+                                   ? expect_source::own_rseq
+                                   : expect_source::glibc_rseq);
   }
 }
 
 TEST(GetcpuPreload, AnswersFromGlibcsRegistration) {
   const run_result r = run({PERCPU_PROBE_PATH, "check"}, {kPreload});
   // On a glibc that does not register rseq this is the own-registration case.
-  expect_preload_answered(r, glibc_registers_rseq_here() ? expect_source::glibc_rseq
-                                                         : expect_source::own_rseq);
+  expect_preload_answered(
+      r, glibc_registers_rseq_here() ? expect_source::glibc_rseq : expect_source::own_rseq);
 }
 
 // Users run the preload untraced, and untraced calls take the inline path
@@ -309,8 +309,8 @@ TEST(GetcpuPreload, AnswersFromEachForcedFallback) {
     }
   }
   // The system call is always there on Linux, so forcing it must stick.
-  const run_result r = run({PERCPU_PROBE_PATH, "check"},
-                           {kPreload, kTunableOff, "PERCPU_BACKEND=syscall"});
+  const run_result r =
+      run({PERCPU_PROBE_PATH, "check"}, {kPreload, kTunableOff, "PERCPU_BACKEND=syscall"});
   const auto trace = parse_trace(r.trace);
   ASSERT_FALSE(trace.empty()) << describe(r);
   EXPECT_EQ(trace.begin()->second.fallback, "syscall");
@@ -356,7 +356,8 @@ std::set<std::string> exported_symbols(const char* path) {
   if (map == MAP_FAILED) return names;
   const auto* base = static_cast<const char*>(map);
   const auto* header = reinterpret_cast<const Elf64_Ehdr*>(base);
-  if (std::memcmp(header->e_ident, ELFMAG, SELFMAG) != 0 || header->e_ident[EI_CLASS] != ELFCLASS64) {
+  if (std::memcmp(header->e_ident, ELFMAG, SELFMAG) != 0 ||
+      header->e_ident[EI_CLASS] != ELFCLASS64) {
     munmap(map, static_cast<size_t>(st.st_size));
     return names;
   }

@@ -148,10 +148,13 @@ static void* signalled_thread(void* arg) {
     fail("cannot pin the signalled thread", cpu, errno);
     return NULL;
   }
-  pthread_kill(pthread_self(), SIGUSR1);  /* delivered before this returns */
-  if (handler_cpu != cpu) fail("sched_getcpu() in a signal handler answered wrong", cpu, handler_cpu);
-  if (handler_getcpu_cpu != cpu) fail("getcpu() in a signal handler answered wrong", cpu, handler_getcpu_cpu);
-  if (handler_errno != ERRNO_SENTINEL) fail("a call in a signal handler changed errno", cpu, handler_errno);
+  pthread_kill(pthread_self(), SIGUSR1); /* delivered before this returns */
+  if (handler_cpu != cpu)
+    fail("sched_getcpu() in a signal handler answered wrong", cpu, handler_cpu);
+  if (handler_getcpu_cpu != cpu)
+    fail("getcpu() in a signal handler answered wrong", cpu, handler_getcpu_cpu);
+  if (handler_errno != ERRNO_SENTINEL)
+    fail("a call in a signal handler changed errno", cpu, handler_errno);
   return NULL;
 }
 
@@ -195,7 +198,8 @@ static int run_check(void) {
   }
   int status = 0;
   if (waitpid(child, &status, 0) != child) return 2;
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fail("the forked child's checks failed", -1, status);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    fail("the forked child's checks failed", -1, status);
 
   print_calls();
   printf("checked %d CPUs: %s\n", checked, atomic_load(&failures) == 0 ? "ok" : "FAILED");
@@ -214,8 +218,10 @@ static int run_fail(void) {
   errno = 0;
   const int rc_cpu_only = counted_getcpu(&c, NULL);
   const int getcpu_cpu_only_errno = errno;
-  printf("sched_getcpu=%d errno=%s\n", cpu, strerrorname_np(sched_errno) ? strerrorname_np(sched_errno) : "0");
-  printf("getcpu=%d errno=%s\n", rc, strerrorname_np(getcpu_errno) ? strerrorname_np(getcpu_errno) : "0");
+  printf("sched_getcpu=%d errno=%s\n", cpu,
+         strerrorname_np(sched_errno) ? strerrorname_np(sched_errno) : "0");
+  printf("getcpu=%d errno=%s\n", rc,
+         strerrorname_np(getcpu_errno) ? strerrorname_np(getcpu_errno) : "0");
   printf("getcpu_cpu_only=%d errno=%s\n", rc_cpu_only,
          strerrorname_np(getcpu_cpu_only_errno) ? strerrorname_np(getcpu_cpu_only_errno) : "0");
   print_calls();
@@ -258,7 +264,8 @@ static int run_loop(long iterations, int raw_syscall) {
     for (long i = 0; i < iterations; ++i) sum += (unsigned)sched_getcpu();
   }
   clock_gettime(CLOCK_MONOTONIC, &stop);
-  const double ns = (double)(stop.tv_sec - start.tv_sec) * 1e9 + (double)(stop.tv_nsec - start.tv_nsec);
+  const double ns =
+      (double)(stop.tv_sec - start.tv_sec) * 1e9 + (double)(stop.tv_nsec - start.tv_nsec);
   /* Printing the sum keeps the calls from being optimised away. */
   printf("loop ns_per_call=%.3f checksum=%lu\n", ns / (double)iterations, sum);
   return 0;

@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
   for (long t = 0; t < threads; ++t) pthread_join(ids[t], NULL);
   clock_gettime(CLOCK_MONOTONIC, &stop);
   free(ids);
-  const double ns = (double)(stop.tv_sec - start.tv_sec) * 1e9 + (double)(stop.tv_nsec - start.tv_nsec);
+  const double ns =
+      (double)(stop.tv_sec - start.tv_sec) * 1e9 + (double)(stop.tv_nsec - start.tv_nsec);
   const double ops = (double)threads * (double)rounds * kBatch * 2;
   printf("churn ns_per_op=%.3f ops=%.0f\n", ns / ops, ops);
   return 0;

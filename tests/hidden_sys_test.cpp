@@ -25,7 +25,8 @@ namespace {
 std::string probe_path() {
   for (const std::string& arg : ::testing::internal::GetArgvs()) {
     const std::string name = "max_cpus_probe";
-    if (arg.size() >= name.size() && arg.compare(arg.size() - name.size(), name.size(), name) == 0) {
+    if (arg.size() >= name.size() &&
+        arg.compare(arg.size() - name.size(), name.size(), name) == 0) {
       return arg;
     }
   }
@@ -41,7 +42,8 @@ std::string run_probe(void (*prepare)(), int* status) {
   const pid_t child = fork();
   if (child == 0) {
     close(out[0]);
-    if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
       _exit(100);
     }
     prepare();

@@ -79,7 +79,9 @@ class executor {
 struct resume_on {
   executor& target;
   bool await_ready() const noexcept { return false; }
-  void await_suspend(std::coroutine_handle<> h) { target.post([h] { h.resume(); }); }
+  void await_suspend(std::coroutine_handle<> h) {
+    target.post([h] { h.resume(); });
+  }
   void await_resume() const noexcept {}
 };
 

@@ -70,7 +70,10 @@ class elf_file {
   // Parses the section table; on failure returns false and sets *error.
   bool parse(const std::vector<unsigned char>& image, std::string* error) {
     image_ = &image;
-    if (image.size() < 64 || std::memcmp(image.data(), "\x7f" "ELF", 4) != 0) {
+    if (image.size() < 64 || std::memcmp(image.data(),
+                                         "\x7f"
+                                         "ELF",
+                                         4) != 0) {
       *error = "not an ELF file";
       return false;
     }
@@ -367,30 +370,25 @@ int self_test(const char* path) {
   struct defect {
     const char* name;
     void (*plant)(const elf_file&, std::vector<unsigned char>*, std::uint64_t first,
-                  std::uint64_t start, std::uint64_t pco, std::uint64_t abort_ip,
-                  const section* cs, const section* ptrs, const section* exits);
+                  std::uint64_t start, std::uint64_t pco, std::uint64_t abort_ip, const section* cs,
+                  const section* ptrs, const section* exits);
   };
   const defect defects[] = {
       {"flipped signature byte",
        [](const elf_file& e, std::vector<unsigned char>* im, std::uint64_t, std::uint64_t,
-          std::uint64_t, std::uint64_t abort, const section*, const section*, const section*) {
-         (*im)[e.file_offset(abort - 4, 4)] ^= 0x01;
-       }},
+          std::uint64_t, std::uint64_t abort, const section*, const section*,
+          const section*) { (*im)[e.file_offset(abort - 4, 4)] ^= 0x01; }},
       {"abort_ip inside the section",
        [](const elf_file& e, std::vector<unsigned char>* im, std::uint64_t d, std::uint64_t s,
-          std::uint64_t, std::uint64_t, const section*, const section*, const section*) {
-         plant_word(e, im, d + 24, s);
-       }},
-      {"version 1",
-       [](const elf_file& e, std::vector<unsigned char>*im, std::uint64_t d, std::uint64_t,
-          std::uint64_t, std::uint64_t, const section*, const section*, const section*) {
-         write_at<std::uint32_t>(im, e.file_offset(d, 4), 1);
-       }},
+          std::uint64_t, std::uint64_t, const section*, const section*,
+          const section*) { plant_word(e, im, d + 24, s); }},
+      {"version 1", [](const elf_file& e, std::vector<unsigned char>* im, std::uint64_t d,
+                       std::uint64_t, std::uint64_t, std::uint64_t, const section*, const section*,
+                       const section*) { write_at<std::uint32_t>(im, e.file_offset(d, 4), 1); }},
       {"pointer to a misaligned descriptor",
        [](const elf_file& e, std::vector<unsigned char>* im, std::uint64_t d, std::uint64_t,
-          std::uint64_t, std::uint64_t, const section*, const section* p, const section*) {
-         plant_word(e, im, p->addr, d + 8);
-       }},
+          std::uint64_t, std::uint64_t, const section*, const section* p,
+          const section*) { plant_word(e, im, p->addr, d + 8); }},
       {"misaligned __rseq_cs",
        [](const elf_file&, std::vector<unsigned char>* im, std::uint64_t, std::uint64_t,
           std::uint64_t, std::uint64_t, const section* c, const section*, const section*) {

@@ -23,16 +23,16 @@ namespace {
 using percpu::internal::rseq_sections_broken_on;
 
 TEST(SectionsDecision, Arm64ReleasesWithoutSameCpuAborts) {
-  for (const char* release : {"6.19", "6.19.0", "6.19.3+deb14-arm64", "6.19.14-200.fc43.aarch64",
-                              "7.0.0", "7.0.0-14-generic", "7.0.9", "7.0.13-arm64",
-                              "7.1.0-rc3", "7.1-rc7+", "6.19.0-rc1"}) {
+  for (const char* release :
+       {"6.19", "6.19.0", "6.19.3+deb14-arm64", "6.19.14-200.fc43.aarch64", "7.0.0",
+        "7.0.0-14-generic", "7.0.9", "7.0.13-arm64", "7.1.0-rc3", "7.1-rc7+", "6.19.0-rc1"}) {
     EXPECT_TRUE(rseq_sections_broken_on("aarch64", release)) << release;
   }
-  for (const char* release : {"6.18.44", "6.18.44-fc-v669", "6.1.0-50-cloud-arm64",
-                              "5.10.0-32-cloud-arm64", "6.12.117+deb13-cloud-arm64",
-                              "7.0.14", "7.0.20+deb14-arm64", "7.1.0", "7.1.5-arch1-1",
-                              "7.2.13+deb14-cloud-arm64", "7.3-rc7", "7.3.0-rc7-cloud-arm64",
-                              "6.20.0", "8.0.0", "4.18.0"}) {
+  for (const char* release :
+       {"6.18.44", "6.18.44-fc-v669", "6.1.0-50-cloud-arm64", "5.10.0-32-cloud-arm64",
+        "6.12.117+deb13-cloud-arm64", "7.0.14", "7.0.20+deb14-arm64", "7.1.0", "7.1.5-arch1-1",
+        "7.2.13+deb14-cloud-arm64", "7.3-rc7", "7.3.0-rc7-cloud-arm64", "6.20.0", "8.0.0",
+        "4.18.0"}) {
     EXPECT_FALSE(rseq_sections_broken_on("aarch64", release)) << release;
   }
   // Only arm64 lost the abort.

@@ -87,11 +87,11 @@ struct environment {
 struct measurement {
   const method_info* method = nullptr;
   bool available = false;
-  std::string reason;             // why not, when !available
-  std::string note;               // how it was measured, when unusual
-  std::uint64_t calls = 0;        // per repetition (per thread with --threads)
-  std::vector<double> elapsed_ns; // per repetition; with --threads, the median over CPUs
-  std::vector<int> cpus;          // with --threads: the CPU of each per_cpu entry
+  std::string reason;              // why not, when !available
+  std::string note;                // how it was measured, when unusual
+  std::uint64_t calls = 0;         // per repetition (per thread with --threads)
+  std::vector<double> elapsed_ns;  // per repetition; with --threads, the median over CPUs
+  std::vector<int> cpus;           // with --threads: the CPU of each per_cpu entry
   std::vector<std::vector<double>> per_cpu_elapsed_ns;  // [cpu][repetition]
 
   double median_ns() const;  // of elapsed_ns
@@ -103,10 +103,10 @@ struct measurement {
 };
 
 struct disassembly {
-  std::string title;   // what the function is
+  std::string title;  // what the function is
   std::string symbol;
   std::string file;
-  std::string how;     // "objdump" or the fallback used, with the reason
+  std::string how;                 // "objdump" or the fallback used, with the reason
   std::vector<std::string> lines;  // formatted "<+off>: insn", loop lines marked
 };
 
@@ -114,9 +114,9 @@ struct disassembly {
 // at one thread count in one mode (with or without rseq).
 struct structure_side {
   bool available = false;
-  std::string reason;             // why not, when !available
-  std::uint64_t calls = 0;        // operations per thread per repetition
-  std::vector<double> ns_per_op;  // per repetition: the median over the threads
+  std::string reason;                 // why not, when !available
+  std::uint64_t calls = 0;            // operations per thread per repetition
+  std::vector<double> ns_per_op;      // per repetition: the median over the threads
   std::vector<double> all_ns_per_op;  // every thread's figure of every repetition
 
   double median() const;
@@ -165,7 +165,7 @@ struct run_result {
   options opts;
   environment env;
   std::vector<structure_row> structures;  // with --structures
-  std::vector<measurement> rows;  // selected rows, in printed order
+  std::vector<measurement> rows;          // selected rows, in printed order
   std::vector<disassembly> listings;
   double wall_seconds = 0;
   double on_cpu_share = 0;  // CPU time / wall time of the timed loops (cpu clock only)

@@ -70,10 +70,10 @@ int main(int argc, char** argv) {
                  "held the CPU; wall: CLOCK_MONOTONIC")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "wall"}));
-  CLI::Option* only = app.add_option("--only", opts.only,
-                                     "Measure only these rows (comma-separated)")
-                          ->delimiter(',')
-                          ->check(CLI::IsMember(percpu::bench::only_names()));
+  CLI::Option* only =
+      app.add_option("--only", opts.only, "Measure only these rows (comma-separated)")
+          ->delimiter(',')
+          ->check(CLI::IsMember(percpu::bench::only_names()));
   app.add_flag("--structures", opts.structures,
                "Instead of the seed tables: percpu's structures against the alternatives they "
                "replace, at 1 and 2 threads, with rseq and without it (in a child process whose "

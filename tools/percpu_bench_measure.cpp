@@ -53,12 +53,12 @@ const std::vector<method_info> kMethods = {
      true},
     {"rdpid", "RDPID instruction:", table::glibc, percpu_bench_loop_rdpid, false, false, true},
     {"rdtscp", "RDTSCP instruction:", table::glibc, percpu_bench_loop_rdtscp, false, false, true},
-    {"syscall_getcpu", "getcpu system call:", table::glibc, percpu_bench_loop_syscall_getcpu,
-     false, false, true},
+    {"syscall_getcpu", "getcpu system call:", table::glibc, percpu_bench_loop_syscall_getcpu, false,
+     false, true},
     {"thread_local", "thread_local int read (the limit):", table::glibc,
      percpu_bench_loop_thread_local, false, true, true},
-    {"get_cpu_id_before", "Before", table::arm64, percpu_bench_loop_get_cpu_id_before, false,
-     false, false},
+    {"get_cpu_id_before", "Before", table::arm64, percpu_bench_loop_get_cpu_id_before, false, false,
+     false},
     {"get_cpu_id_after", "After", table::arm64, percpu_bench_loop_get_cpu_id_after, false, false,
      false},
     {"empty_call", "Empty call", table::arm64, percpu_bench_loop_empty_call, false, false, false},
@@ -117,11 +117,12 @@ std::uint64_t fit_calls(loop_fn loop, std::uint64_t cap) {
 // to last long enough for the silence to be confusing.
 class progress {
  public:
-  explicit progress(double expected_ns) : enabled_(isatty(STDERR_FILENO) == 1 && expected_ns > 1e9) {}
+  explicit progress(double expected_ns)
+      : enabled_(isatty(STDERR_FILENO) == 1 && expected_ns > 1e9) {}
   void show(const char* what, const char* row, int repetition, int repetitions) {
     if (!enabled_) return;
-    std::fprintf(stderr, "\r\033[Kpercpu-bench: %s %s, repetition %d/%d", what, row,
-                 repetition + 1, repetitions);
+    std::fprintf(stderr, "\r\033[Kpercpu-bench: %s %s, repetition %d/%d", what, row, repetition + 1,
+                 repetitions);
     std::fflush(stderr);
   }
   void done() {
@@ -225,12 +226,12 @@ void use_clock(const options& opts) {
 // Pins the calling thread to one CPU for its lifetime and restores the
 // previous mask afterwards, so a repetition is not split across CPUs.
 pin_guard::pin_guard(int cpu) {
-    CPU_ZERO(&saved_);
-    if (cpu < 0 || sched_getaffinity(0, sizeof(saved_), &saved_) != 0) return;
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    pinned_ = sched_setaffinity(0, sizeof(one), &one) == 0;
+  CPU_ZERO(&saved_);
+  if (cpu < 0 || sched_getaffinity(0, sizeof(saved_), &saved_) != 0) return;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  pinned_ = sched_setaffinity(0, sizeof(one), &one) == 0;
 }
 
 pin_guard::~pin_guard() {

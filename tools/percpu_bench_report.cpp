@@ -100,8 +100,9 @@ void print_environment(const run_result& run, std::FILE* out) {
                e.cpu_id_backend.c_str(), e.fallback_backend.c_str());
   std::fprintf(out, "   Date:               %s\n", e.date.c_str());
   if (run.opts.clock == "wall") {
-    std::fprintf(out, "   Clock:              wall (CLOCK_MONOTONIC): time other programs held the "
-                      "CPU counts\n");
+    std::fprintf(out,
+                 "   Clock:              wall (CLOCK_MONOTONIC): time other programs held the "
+                 "CPU counts\n");
   } else {
     std::fprintf(out,
                  "   Clock:              the measuring thread's CPU time; it was on a CPU %.0f%% "
@@ -115,8 +116,7 @@ void print_environment(const run_result& run, std::FILE* out) {
 }
 
 void print_glibc_table(const run_result& run, std::FILE* out) {
-  std::fprintf(out,
-               "\n2. The glibc seed's table: ns per call, median of %d repetition%s%s\n",
+  std::fprintf(out, "\n2. The glibc seed's table: ns per call, median of %d repetition%s%s\n",
                run.opts.repetitions, run.opts.repetitions == 1 ? "" : "s",
                run.opts.threads ? " (median over every CPU, all measuring at once)" : "");
   std::fprintf(out,
@@ -169,11 +169,12 @@ void print_glibc_table(const run_result& run, std::FILE* out) {
   }
   const std::vector<bar_check> checks = bar_checks(run);
   if (!checks.empty()) {
-    std::fprintf(out,
-                 "\n   Ratios of the medians above, beside the glibc seed's on its machine (%.1f ns "
-                 "glibc through the vDSO,\n   %.1f ns through rseq, %.1f ns for an inline load of "
-                 "rseq's cpu_id):\n",
-                 kSeedVdsoNs, kSeedRseqNs, kSeedInlineNs);
+    std::fprintf(
+        out,
+        "\n   Ratios of the medians above, beside the glibc seed's on its machine (%.1f ns "
+        "glibc through the vDSO,\n   %.1f ns through rseq, %.1f ns for an inline load of "
+        "rseq's cpu_id):\n",
+        kSeedVdsoNs, kSeedRseqNs, kSeedInlineNs);
   }
   for (const bar_check& c : checks) {
     const std::string seed =
@@ -203,7 +204,8 @@ void print_arm64_table(const run_result& run, std::FILE* out) {
     if (name == "get_cpu_id_after") after = &row;
     if (name == "empty_call") empty = &row;
   }
-  std::fprintf(out, "\n3. The arm64 seed's table: %" PRIu64
+  std::fprintf(out,
+               "\n3. The arm64 seed's table: %" PRIu64
                " calls of a noinline get_cpu_id(), median of %d repetition%s%s\n\n",
                run.opts.calls, run.opts.repetitions, run.opts.repetitions == 1 ? "" : "s",
                run.opts.threads ? " (median over every CPU, all measuring at once)" : "");
@@ -239,7 +241,8 @@ void print_arm64_table(const run_result& run, std::FILE* out) {
     w3 = std::max(w3, s.size() + 4);
   }
   const std::string indent = "      ";
-  const std::string rule = indent + "+" + std::string(w1 + 1 + w2, '-') + "+" + std::string(w3, '-') + "+";
+  const std::string rule =
+      indent + "+" + std::string(w1 + 1 + w2, '-') + "+" + std::string(w3, '-') + "+";
   const std::string split = indent + "+" + std::string(w1, '-') + "+" + std::string(w2, '-') + "+" +
                             std::string(w3, '-') + "+";
   auto row = [&](const char* name, const std::string& time) {
@@ -265,12 +268,14 @@ void print_arm64_table(const run_result& run, std::FILE* out) {
                box_cell(diff_text, w3).c_str());
   std::fprintf(out, "%s+%s+\n\n", indent.c_str(), std::string(w1 + 1 + w2 + 1 + w3, '-').c_str());
 
-  std::fprintf(out, "   Before: get_cpu_id() { return sched_getcpu(); }      %7s ns/call  (min-max %s-%s)\n",
-               format_ns(before->ns_per_call()).c_str(), format_ns(before->min_ns_per_call()).c_str(),
-               format_ns(before->max_ns_per_call()).c_str());
-  std::fprintf(out, "   After:  get_cpu_id() { return percpu::cpu_id(); }   %7s ns/call  (min-max %s-%s)\n",
-               format_ns(after->ns_per_call()).c_str(), format_ns(after->min_ns_per_call()).c_str(),
-               format_ns(after->max_ns_per_call()).c_str());
+  std::fprintf(
+      out, "   Before: get_cpu_id() { return sched_getcpu(); }      %7s ns/call  (min-max %s-%s)\n",
+      format_ns(before->ns_per_call()).c_str(), format_ns(before->min_ns_per_call()).c_str(),
+      format_ns(before->max_ns_per_call()).c_str());
+  std::fprintf(
+      out, "   After:  get_cpu_id() { return percpu::cpu_id(); }   %7s ns/call  (min-max %s-%s)\n",
+      format_ns(after->ns_per_call()).c_str(), format_ns(after->min_ns_per_call()).c_str(),
+      format_ns(after->max_ns_per_call()).c_str());
   if (empty != nullptr) {
     std::fprintf(out,
                  "   Empty noinline call (the call overhead in both): %" PRIu64 " calls, %" PRIu64
@@ -305,8 +310,8 @@ std::vector<structure_bar> structure_bars(const run_result& run) {
     for (const bool rseq : {true, false}) {
       const double goal = rseq ? kind.bar_with_rseq : kind.bar_without_rseq;
       structure_bar b;
-      b.text = std::string(kind.short_label) + (rseq ? ", with rseq" : ", without rseq") +
-               " (" + (kind.percpu_over_alternative ? "at most " : "at least ") +
+      b.text = std::string(kind.short_label) + (rseq ? ", with rseq" : ", without rseq") + " (" +
+               (kind.percpu_over_alternative ? "at most " : "at least ") +
                printf_string("%.2gx)", goal);
       b.measured = true;
       b.met = true;
@@ -339,7 +344,8 @@ void print_structures(const run_result& run, std::FILE* out) {
     width = std::max({width, std::strlen(kind.label), std::strlen(kind.alternative_label) + 2});
   }
   const int w = static_cast<int>(width + 1);
-  std::fprintf(out, "%-*s %7s   %-26s %-26s\n", w, "", "threads", "with rseq", "without rseq [child]");
+  std::fprintf(out, "%-*s %7s   %-26s %-26s\n", w, "", "threads", "with rseq",
+               "without rseq [child]");
   for (const structure_row& row : run.structures) {
     std::fprintf(out, "%-*s %7d   %-26s %-26s\n", w, row.kind->label, row.threads,
                  side_cells(row.with_rseq, row.with_rseq.percpu).c_str(),
@@ -369,13 +375,16 @@ void print_structures(const run_result& run, std::FILE* out) {
       ratios += (ratios.empty() ? "" : " / ") + (r > 0 ? printf_string("%.2fx", r) : "n/a");
     }
     std::fprintf(out, "   %-66s %17s  %s\n", b.text.c_str(), ratios.c_str(),
-                 !b.measured ? "not measured" : b.met ? "met" : "NOT met");
+                 !b.measured ? "not measured"
+                 : b.met     ? "met"
+                             : "NOT met");
   }
 }
 
 void print_listings(const run_result& run, std::FILE* out) {
-  std::fprintf(out, "\n4. The instructions as built, disassembled from the binaries themselves\n"
-                    "   (in the loops, lines marked * are the loop body: what each call costs)\n");
+  std::fprintf(out,
+               "\n4. The instructions as built, disassembled from the binaries themselves\n"
+               "   (in the loops, lines marked * are the loop body: what each call costs)\n");
   for (const disassembly& d : run.listings) {
     std::fprintf(out, "\nDump of assembler code for function %s (%s)\n   from %s, by %s:\n",
                  d.symbol.c_str(), d.title.c_str(), d.file.c_str(), d.how.c_str());
@@ -389,8 +398,9 @@ void print_per_cpu(const run_result& run, std::FILE* out) {
     if (!row.cpus.empty()) cpus = row.cpus;
   }
   if (cpus.empty()) return;
-  std::fprintf(out, "\n5. Per CPU (--threads: one pinned thread per CPU, all timed at once): "
-                    "median ns per call\n\n");
+  std::fprintf(out,
+               "\n5. Per CPU (--threads: one pinned thread per CPU, all timed at once): "
+               "median ns per call\n\n");
   const int width = static_cast<int>(label_width(run));
   std::fprintf(out, "%-*s", width, "");
   for (int cpu : cpus) std::fprintf(out, " %9s", ("cpu" + std::to_string(cpu)).c_str());
@@ -452,11 +462,10 @@ json json_row(const run_result& run, const measurement& row) {
   if (!row.cpus.empty()) {
     json per_cpu = json::array();
     for (std::size_t i = 0; i < row.cpus.size(); ++i) {
-      per_cpu.push_back(
-          {{"cpu", row.cpus[i]},
-           {"ns_per_call",
-            json_number(median(row.per_cpu_elapsed_ns[i]) / static_cast<double>(row.calls))},
-           {"elapsed_ns", json_numbers(row.per_cpu_elapsed_ns[i])}});
+      per_cpu.push_back({{"cpu", row.cpus[i]},
+                         {"ns_per_call", json_number(median(row.per_cpu_elapsed_ns[i]) /
+                                                     static_cast<double>(row.calls))},
+                         {"elapsed_ns", json_numbers(row.per_cpu_elapsed_ns[i])}});
     }
     r["per_cpu"] = std::move(per_cpu);
   }
@@ -583,9 +592,10 @@ bool write_json(const run_result& run, const std::string& path, std::string* err
   doc["methods"] = std::move(methods);
   json bar = json::array();
   for (const bar_check& check : bar_checks(run)) {
-    bar.push_back({{"check", check.text},
-                   {"ratio", json_number(check.ratio)},
-                   {"seed_ratio", check.seed_ratio > 0 ? json_number(check.seed_ratio) : json(nullptr)}});
+    bar.push_back(
+        {{"check", check.text},
+         {"ratio", json_number(check.ratio)},
+         {"seed_ratio", check.seed_ratio > 0 ? json_number(check.seed_ratio) : json(nullptr)}});
   }
   doc["bar"] = std::move(bar);
   doc["structures"] = json_structures(run);
@@ -611,8 +621,7 @@ bool write_json(const run_result& run, const std::string& path, std::string* err
 
   // Text the tool did not make (a CPU model, a compiler's version string) may
   // hold bytes that are not UTF-8: replace them rather than fail the run.
-  const std::string s =
-      doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  const std::string s = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) {
     *error = "cannot write " + path + ": " + std::strerror(errno);
@@ -703,8 +712,8 @@ std::vector<svg_bar> structure_svg_bars(const run_result& run) {
       for (const bool percpu_side : {true, false}) {
         const structure_side& side = percpu_side ? m.percpu : m.alternative;
         svg_bar b;
-        b.label = std::string(percpu_side ? row.kind->label : row.kind->alternative_label) +
-                  ", " + std::to_string(row.threads) + (row.threads == 1 ? " thread" : " threads");
+        b.label = std::string(percpu_side ? row.kind->label : row.kind->alternative_label) + ", " +
+                  std::to_string(row.threads) + (row.threads == 1 ? " thread" : " threads");
         b.available = m.available && side.available;
         b.reason = m.available ? side.reason : m.reason;
         if (b.available) {
@@ -774,9 +783,10 @@ bool write_svg(const run_result& run, const std::string& path, std::string* erro
         "<text x=\"%.1f\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">%g ns</text>\n",
         x, top - 8, x, top + plot_h, x, top + plot_h + 18, std::pow(10.0, d));
   }
-  s += format("<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\" fill=\"#444\">"
-              "ns per %s, log scale</text>\n",
-              plot_x + plot_w / 2, top + plot_h + 38, run.opts.structures ? "operation" : "call");
+  s += format(
+      "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\" fill=\"#444\">"
+      "ns per %s, log scale</text>\n",
+      plot_x + plot_w / 2, top + plot_h + 38, run.opts.structures ? "operation" : "call");
   int y = top;
   for (const svg_bar& b : bars) {
     const int mid = y + row_h / 2;
@@ -786,8 +796,7 @@ bool write_svg(const run_result& run, const std::string& path, std::string* erro
       y += row_h;
       continue;
     }
-    s += format("<text x=\"%d\" y=\"%d\" font-size=\"13\" text-anchor=\"end\">", label_w,
-                mid + 5) +
+    s += format("<text x=\"%d\" y=\"%d\" font-size=\"13\" text-anchor=\"end\">", label_w, mid + 5) +
          xml_escape(b.label) + "</text>\n";
     if (!b.available) {
       s += format("<text x=\"%d\" y=\"%d\" font-size=\"12\" fill=\"#a00\">n/a: ", plot_x + 6,
@@ -797,15 +806,16 @@ bool write_svg(const run_result& run, const std::string& path, std::string* erro
       continue;
     }
     const double x_end = x_of(b.value);
-    s += format("<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n"
-                "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n"
-                "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n"
-                "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n",
-                plot_x, y + 4, std::max(1.0, x_end - plot_x), row_h - 8, b.colour.c_str(),
-                x_of(b.lo), mid, x_of(b.hi), mid, x_of(b.lo), mid - 4, x_of(b.lo), mid + 4,
-                x_of(b.hi), mid - 4, x_of(b.hi), mid + 4);
-    s += format("<text x=\"%.1f\" y=\"%d\" font-size=\"12\">",
-                std::max(x_end, x_of(b.hi)) + 6, mid + 4) +
+    s += format(
+        "<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n"
+        "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n"
+        "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n"
+        "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n",
+        plot_x, y + 4, std::max(1.0, x_end - plot_x), row_h - 8, b.colour.c_str(), x_of(b.lo), mid,
+        x_of(b.hi), mid, x_of(b.lo), mid - 4, x_of(b.lo), mid + 4, x_of(b.hi), mid - 4, x_of(b.hi),
+        mid + 4);
+    s += format("<text x=\"%.1f\" y=\"%d\" font-size=\"12\">", std::max(x_end, x_of(b.hi)) + 6,
+                mid + 4) +
          xml_escape(format_ns(b.value) + " ns" + b.note) + "</text>\n";
     y += row_h;
   }

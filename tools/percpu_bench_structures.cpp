@@ -219,8 +219,8 @@ const std::vector<structure_kind> kKinds = {
      "std::shared_mutex lock_shared+unlock_shared", "std::shared_mutex / shared_mutex read",
      percpu_bench_loop_shared_mutex, percpu_bench_loop_std_shared_mutex, false, 1.0, 1.0},
     {"ref_get_put", "percpu::ref get+put", "atomic reference count fetch_add+fetch_sub",
-     "atomic count / ref get+put", percpu_bench_loop_ref, percpu_bench_loop_atomic_refcount,
-     false, 1.0, 1.0},
+     "atomic count / ref get+put", percpu_bench_loop_ref, percpu_bench_loop_atomic_refcount, false,
+     1.0, 1.0},
 };
 const std::vector<int> kThreadCounts = {1, 2};
 
@@ -270,8 +270,7 @@ void measure_here(const options& opts, std::vector<structure_row>* rows,
     m.available = true;
     m.backend = to_string(backend());
     for (structure_side* side : {&m.percpu, &m.alternative}) {
-      const loop_fn loop =
-          side == &m.percpu ? row.kind->percpu_loop : row.kind->alternative_loop;
+      const loop_fn loop = side == &m.percpu ? row.kind->percpu_loop : row.kind->alternative_loop;
       side->available = true;
       side->calls = fit_structure_calls(loop, row.threads, opts.calls);
     }
@@ -280,12 +279,10 @@ void measure_here(const options& opts, std::vector<structure_row>* rows,
     for (structure_row& row : *rows) {
       structure_mode& m = row.*mode;
       for (structure_side* side : {&m.percpu, &m.alternative}) {
-        const loop_fn loop =
-            side == &m.percpu ? row.kind->percpu_loop : row.kind->alternative_loop;
+        const loop_fn loop = side == &m.percpu ? row.kind->percpu_loop : row.kind->alternative_loop;
         const std::vector<double> per_thread = run_threads(loop, side->calls, row.threads);
         side->ns_per_op.push_back(median(per_thread));
-        side->all_ns_per_op.insert(side->all_ns_per_op.end(), per_thread.begin(),
-                                   per_thread.end());
+        side->all_ns_per_op.insert(side->all_ns_per_op.end(), per_thread.begin(), per_thread.end());
       }
     }
   }
@@ -355,15 +352,14 @@ bool parse_child(const std::string& text, int repetitions, std::vector<structure
 
 void measure_without_rseq(const options& opts, std::vector<structure_row>* rows) {
   std::string out;
-  const int status = run_capture(
-      {self_path(), "--calls", std::to_string(opts.calls), "--repetitions",
-       std::to_string(opts.repetitions), "--clock", opts.clock, "--internal-child",
-       kStructuresDenyChild},
-      {}, false, &out);
+  const int status = run_capture({self_path(), "--calls", std::to_string(opts.calls),
+                                  "--repetitions", std::to_string(opts.repetitions), "--clock",
+                                  opts.clock, "--internal-child", kStructuresDenyChild},
+                                 {}, false, &out);
   if (status != 0 || !parse_child(out, opts.repetitions, rows)) {
-    mark_unavailable(rows, &structure_row::without_rseq,
-                     "the child process without rseq failed (status " + std::to_string(status) +
-                         ")");
+    mark_unavailable(
+        rows, &structure_row::without_rseq,
+        "the child process without rseq failed (status " + std::to_string(status) + ")");
     return;
   }
   if (rows->front().without_rseq.backend == "rseq") {
@@ -397,9 +393,9 @@ std::vector<structure_row> measure_structures(const options& opts) {
   if (backend() == cpu_backend::rseq) {
     measure_here(opts, &rows, &structure_row::with_rseq);
   } else {
-    mark_unavailable(&rows, &structure_row::with_rseq,
-                     std::string("this process has no rseq (cpu_id() backend: ") +
-                         to_string(backend()) + ")");
+    mark_unavailable(
+        &rows, &structure_row::with_rseq,
+        std::string("this process has no rseq (cpu_id() backend: ") + to_string(backend()) + ")");
   }
   measure_without_rseq(opts, &rows);
   return rows;

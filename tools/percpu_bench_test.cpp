@@ -89,10 +89,18 @@ bool parse_json(const std::string& text, json* out) {
   return !out->is_discarded();
 }
 
-const std::vector<std::string> kAllRows = {
-    "glibc_sched_getcpu", "glibc_sched_getcpu_rseq_off", "percpu_sched_getcpu", "cpu_id",
-    "vdso_getcpu",        "rdpid",                       "rdtscp",              "syscall_getcpu",
-    "thread_local",       "get_cpu_id_before",           "get_cpu_id_after",    "empty_call"};
+const std::vector<std::string> kAllRows = {"glibc_sched_getcpu",
+                                           "glibc_sched_getcpu_rseq_off",
+                                           "percpu_sched_getcpu",
+                                           "cpu_id",
+                                           "vdso_getcpu",
+                                           "rdpid",
+                                           "rdtscp",
+                                           "syscall_getcpu",
+                                           "thread_local",
+                                           "get_cpu_id_before",
+                                           "get_cpu_id_after",
+                                           "empty_call"};
 
 std::string two_decimals(double v) {
   char buf[64];
@@ -142,21 +150,16 @@ TEST_P(PercpuBenchBadInput, ClearErrorUsageAndExitTwo) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, PercpuBenchBadInput,
-    ::testing::Values(bad_input{{"--bogus"}, "--bogus"},
-                      bad_input{{"--calls", "0"}, "--calls"},
-                      bad_input{{"--calls", "abc"}, "abc"},
-                      bad_input{{"--calls", "-5"}, "-5"},
-                      bad_input{{"--calls", "1e3x"}, "1e3x"},
-                      bad_input{{"--calls"}, "--calls"},
-                      bad_input{{"--repetitions", "0"}, "--repetitions"},
-                      bad_input{{"--repetitions", "two"}, "two"},
-                      bad_input{{"--only", "nosuch"}, "nosuch"},
-                      bad_input{{"--only", "cpu_id,nosuch"}, "nosuch"},
-                      bad_input{{"stray"}, "stray"},
-                      bad_input{{"--threads=maybe"}, "--threads"},
-                      bad_input{{"--clock", "sundial"}, "sundial"},
-                      bad_input{{"--json", "/nonexistent-percpu-dir/out.json"}, "/nonexistent-percpu-dir"},
-                      bad_input{{"--svg", "/nonexistent-percpu-dir/out.svg"}, "/nonexistent-percpu-dir"}));
+    ::testing::Values(
+        bad_input{{"--bogus"}, "--bogus"}, bad_input{{"--calls", "0"}, "--calls"},
+        bad_input{{"--calls", "abc"}, "abc"}, bad_input{{"--calls", "-5"}, "-5"},
+        bad_input{{"--calls", "1e3x"}, "1e3x"}, bad_input{{"--calls"}, "--calls"},
+        bad_input{{"--repetitions", "0"}, "--repetitions"},
+        bad_input{{"--repetitions", "two"}, "two"}, bad_input{{"--only", "nosuch"}, "nosuch"},
+        bad_input{{"--only", "cpu_id,nosuch"}, "nosuch"}, bad_input{{"stray"}, "stray"},
+        bad_input{{"--threads=maybe"}, "--threads"}, bad_input{{"--clock", "sundial"}, "sundial"},
+        bad_input{{"--json", "/nonexistent-percpu-dir/out.json"}, "/nonexistent-percpu-dir"},
+        bad_input{{"--svg", "/nonexistent-percpu-dir/out.svg"}, "/nonexistent-percpu-dir"}));
 
 TEST(PercpuBenchCli, OnlyMeasuresTheNamedRows) {
   const run_output r =
@@ -172,8 +175,8 @@ TEST(PercpuBenchCli, OnlyMeasuresTheNamedRows) {
 }
 
 TEST(PercpuBenchCli, OnlyAcceptsRepeatedNamesAndTheWallClock) {
-  const run_output r = bench({"--calls=1500", "--repetitions=1", "--only", "arm64", "--only=rdtscp",
-                              "--clock", "wall"});
+  const run_output r = bench(
+      {"--calls=1500", "--repetitions=1", "--only", "arm64", "--only=rdtscp", "--clock", "wall"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("| Before |   1500"), std::string::npos) << r.out;
   EXPECT_NE(line_starting(r.out, "RDTSCP instruction:"), "");
@@ -192,9 +195,9 @@ class PercpuBenchFullRun : public ::testing::Test {
   static void SetUpTestSuite() {
     json_path_ = new std::string(temp_path("percpu_bench_json"));
     svg_path_ = new std::string(temp_path("percpu_bench_svg"));
-    output_ = new run_output(bench({"--calls", std::to_string(kCalls), "--repetitions",
-                                    std::to_string(kRepetitions), "--json", *json_path_, "--svg",
-                                    *svg_path_}));
+    output_ = new run_output(
+        bench({"--calls", std::to_string(kCalls), "--repetitions", std::to_string(kRepetitions),
+               "--json", *json_path_, "--svg", *svg_path_}));
     root_ = new json;
     parsed_ = parse_json(slurp(*json_path_), root_);
   }
@@ -272,7 +275,8 @@ TEST_F(PercpuBenchFullRun, CoreMethodsAreAlwaysMeasured) {
     if (name == "glibc_sched_getcpu" || name == "percpu_sched_getcpu" || name == "cpu_id" ||
         name == "thread_local" || name == "get_cpu_id_before" || name == "get_cpu_id_after" ||
         name == "empty_call") {
-      EXPECT_TRUE(m.at("available").get<bool>()) << name << ": " << (m.contains("reason") ? m.at("reason").get<std::string>() : "");
+      EXPECT_TRUE(m.at("available").get<bool>())
+          << name << ": " << (m.contains("reason") ? m.at("reason").get<std::string>() : "");
     }
 #if defined(__x86_64__)
     if (name == "vdso_getcpu") {
@@ -293,10 +297,12 @@ TEST_F(PercpuBenchFullRun, JsonMatchesThePrintedTables) {
       const std::string line = line_starting(output_->out, m.at("label").get<std::string>());
       ASSERT_NE(line, "");
       if (!m.at("available").get<bool>()) {
-        EXPECT_NE(line.find("n/a (" + m.at("reason").get<std::string>() + ")"), std::string::npos) << line;
+        EXPECT_NE(line.find("n/a (" + m.at("reason").get<std::string>() + ")"), std::string::npos)
+            << line;
         continue;
       }
-      EXPECT_NE(line.find(" " + two_decimals(m.at("ns_per_call").get<double>()) + " ns"), std::string::npos)
+      EXPECT_NE(line.find(" " + two_decimals(m.at("ns_per_call").get<double>()) + " ns"),
+                std::string::npos)
           << line;
       EXPECT_NE(line.find(two_decimals(m.at("min_ns_per_call").get<double>()) + "-" +
                           two_decimals(m.at("max_ns_per_call").get<double>())),
@@ -307,7 +313,8 @@ TEST_F(PercpuBenchFullRun, JsonMatchesThePrintedTables) {
                     static_cast<std::uint64_t>(m.at("calls_per_repetition").get<double>()));
       EXPECT_NE(line.find(calls), std::string::npos) << line;
     } else if (m.at("name").get<std::string>() != "empty_call") {
-      const std::string row = m.at("name").get<std::string>() == "get_cpu_id_before" ? "| Before |" : "| After  |";
+      const std::string row =
+          m.at("name").get<std::string>() == "get_cpu_id_before" ? "| Before |" : "| After  |";
       const std::string line = line_starting(output_->out, "      " + row);
       ASSERT_NE(line, "");
       const std::string taken =
@@ -320,7 +327,8 @@ TEST_F(PercpuBenchFullRun, JsonMatchesThePrintedTables) {
     if (m.at("name").get<std::string>() == "cpu_id" && m.contains("speedup_vs_baseline") &&
         m.at("speedup_vs_baseline").get<double>() >= 1) {
       char expected[48];
-      std::snprintf(expected, sizeof(expected), "(speedup: %4.1fx)", m.at("speedup_vs_baseline").get<double>());
+      std::snprintf(expected, sizeof(expected), "(speedup: %4.1fx)",
+                    m.at("speedup_vs_baseline").get<double>());
       EXPECT_NE(speedup_line.find(expected), std::string::npos) << speedup_line;
     }
   }
@@ -337,7 +345,8 @@ TEST_F(PercpuBenchFullRun, RatiosAreShownBesideTheSeedsNotAsGoals) {
     EXPECT_FALSE(b.contains("met")) << b.at("check").get<std::string>();
     const std::string line = line_starting(output_->out, "   " + b.at("check").get<std::string>());
     ASSERT_NE(line, "") << b.at("check").get<std::string>() << " not printed";
-    EXPECT_NE(line.find(two_decimals(b.at("ratio").get<double>()) + "x"), std::string::npos) << line;
+    EXPECT_NE(line.find(two_decimals(b.at("ratio").get<double>()) + "x"), std::string::npos)
+        << line;
     if (b.at("seed_ratio").is_number()) {
       any_seed = true;
       char seed[48];
@@ -351,11 +360,13 @@ TEST_F(PercpuBenchFullRun, RatiosAreShownBesideTheSeedsNotAsGoals) {
 TEST_F(PercpuBenchFullRun, EnvironmentIsThisProcesssEnvironment) {
   const json& env = root_->at("environment");
   EXPECT_EQ(env.at("rseq_owner").get<std::string>(), percpu::to_string(percpu::rseq_ownership()));
-  EXPECT_EQ(env.at("rseq_feature_size").get<double>(), static_cast<double>(percpu::rseq_feature_size()));
+  EXPECT_EQ(env.at("rseq_feature_size").get<double>(),
+            static_cast<double>(percpu::rseq_feature_size()));
   EXPECT_EQ(env.at("cpu_id_backend").get<std::string>(), percpu::to_string(percpu::backend()));
   for (const char* key : {"date", "cpu_model", "kernel", "machine", "glibc", "compiler"}) {
     EXPECT_FALSE(env.at(key).get<std::string>().empty()) << key;
-    EXPECT_NE(output_->out.find(env.at(key).get<std::string>()), std::string::npos) << key << " not printed";
+    EXPECT_NE(output_->out.find(env.at(key).get<std::string>()), std::string::npos)
+        << key << " not printed";
   }
   EXPECT_GT(env.at("cpus_online").get<double>(), 0);
   EXPECT_EQ(root_->at("options").at("calls").get<double>(), static_cast<double>(kCalls));
@@ -365,8 +376,10 @@ TEST_F(PercpuBenchFullRun, DisassemblyShowsTheFastPaths) {
   const json& listings = root_->at("disassembly");
   ASSERT_FALSE(listings.empty());
   for (const json& d : listings) {
-    EXPECT_FALSE(d.at("lines").empty()) << d.at("symbol").get<std::string>() << ": " << d.at("how").get<std::string>();
-    EXPECT_NE(output_->out.find("Dump of assembler code for function " + d.at("symbol").get<std::string>()),
+    EXPECT_FALSE(d.at("lines").empty())
+        << d.at("symbol").get<std::string>() << ": " << d.at("how").get<std::string>();
+    EXPECT_NE(output_->out.find("Dump of assembler code for function " +
+                                d.at("symbol").get<std::string>()),
               std::string::npos);
   }
 }
@@ -378,7 +391,8 @@ TEST_F(PercpuBenchFullRun, SvgNamesEveryRow) {
   EXPECT_NE(svg.find("log scale"), std::string::npos);
   for (const json& m : root_->at("methods")) {
     if (m.at("available").get<bool>()) {
-      EXPECT_NE(svg.find(two_decimals(m.at("ns_per_call").get<double>()) + " ns"), std::string::npos)
+      EXPECT_NE(svg.find(two_decimals(m.at("ns_per_call").get<double>()) + " ns"),
+                std::string::npos)
           << m.at("name").get<std::string>();
     } else {
       EXPECT_NE(svg.find("n/a: "), std::string::npos) << m.at("name").get<std::string>();
@@ -394,14 +408,14 @@ TEST_F(PercpuBenchFullRun, PythonParsesJsonAndSvg) {
   GTEST_SKIP() << "CMake found no Python 3 interpreter (find_package(Python3)): "
                   "the JSON and SVG were not checked by an independent parser";
 #else
-  const run_output r = run(PERCPU_BENCH_PYTHON,
-                           {"-c",
-                            "import json, sys, xml.etree.ElementTree as ET\n"
-                            "d = json.load(open(sys.argv[1]))\n"
-                            "assert len(d['methods']) == 12, len(d['methods'])\n"
-                            "ET.parse(sys.argv[2])\n"
-                            "print('ok')\n",
-                            *json_path_, *svg_path_});
+  const run_output r =
+      run(PERCPU_BENCH_PYTHON, {"-c",
+                                "import json, sys, xml.etree.ElementTree as ET\n"
+                                "d = json.load(open(sys.argv[1]))\n"
+                                "assert len(d['methods']) == 12, len(d['methods'])\n"
+                                "ET.parse(sys.argv[2])\n"
+                                "print('ok')\n",
+                                *json_path_, *svg_path_});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, "ok\n");
 #endif
@@ -438,15 +452,18 @@ TEST(PercpuBenchStructures, TableJsonAndSvgHoldEveryRow) {
   const bool have_rseq = percpu::backend() == percpu::cpu_backend::rseq;
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const json& row = rows[i];
-    SCOPED_TRACE(row.at("name").get<std::string>() + " x" + std::to_string(static_cast<int>(row.at("threads").get<double>())));
+    SCOPED_TRACE(row.at("name").get<std::string>() + " x" +
+                 std::to_string(static_cast<int>(row.at("threads").get<double>())));
     EXPECT_EQ(row.at("name").get<std::string>(), kinds[i / 2]);
     EXPECT_EQ(row.at("threads").get<double>(), static_cast<double>(1 + i % 2));
     for (const char* mode : {"with_rseq", "without_rseq"}) {
       const json& m = row.at(mode);
       const bool expected = std::string(mode) == "without_rseq" || have_rseq;
-      ASSERT_EQ(m.at("available").get<bool>(), expected) << mode << ": " << (m.contains("reason") ? m.at("reason").get<std::string>() : "");
+      ASSERT_EQ(m.at("available").get<bool>(), expected)
+          << mode << ": " << (m.contains("reason") ? m.at("reason").get<std::string>() : "");
       if (!expected) continue;
-      EXPECT_EQ(m.at("backend").get<std::string>() == "rseq", std::string(mode) == "with_rseq") << mode;
+      EXPECT_EQ(m.at("backend").get<std::string>() == "rseq", std::string(mode) == "with_rseq")
+          << mode;
       for (const char* side : {"percpu", "alternative"}) {
         const json& s = m.at(side);
         ASSERT_TRUE(s.at("available").get<bool>()) << mode << " " << side;
@@ -463,14 +480,16 @@ TEST(PercpuBenchStructures, TableJsonAndSvgHoldEveryRow) {
                            two_decimals(m.at("percpu").at("min_ns_per_op").get<double>()) + "-"),
                 std::string::npos)
           << line;
-      EXPECT_NE(svg.find(two_decimals(m.at("percpu").at("ns_per_op").get<double>()) + " ns"), std::string::npos);
+      EXPECT_NE(svg.find(two_decimals(m.at("percpu").at("ns_per_op").get<double>()) + " ns"),
+                std::string::npos);
       EXPECT_NE(svg.find(two_decimals(m.at("alternative").at("ns_per_op").get<double>()) + " ns"),
                 std::string::npos);
     }
   }
   EXPECT_EQ(root.at("structures_bar").size(), kinds.size() * 2);
   for (const json& b : root.at("structures_bar")) {
-    EXPECT_NE(r.out.find(b.at("check").get<std::string>()), std::string::npos) << b.at("check").get<std::string>() << " not printed";
+    EXPECT_NE(r.out.find(b.at("check").get<std::string>()), std::string::npos)
+        << b.at("check").get<std::string>() << " not printed";
   }
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
 }

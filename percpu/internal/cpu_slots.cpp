@@ -235,9 +235,7 @@ void simulate_missing_membarrier(bool on) noexcept {
 
 bool slot_fence_available() noexcept { return fence_available(); }
 
-bool remote_access_possible() noexcept {
-  return !section_users_possible() || fence_available();
-}
+bool remote_access_possible() noexcept { return !section_users_possible() || fence_available(); }
 
 bool barrier_available() noexcept {
   if (g_simulate_missing.load(std::memory_order_relaxed)) return false;

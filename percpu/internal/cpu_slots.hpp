@@ -188,8 +188,7 @@ void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept;
     }
     return mark_section_user() == section_user::marked ? area : nullptr;
   }
-  if (load_tp_relative_i32(g_fast_path.section_state) ==
-      static_cast<int>(section_user::no_rseq)) {
+  if (load_tp_relative_i32(g_fast_path.section_state) == static_cast<int>(section_user::no_rseq)) {
     return nullptr;
   }
   return section_area_slow();
@@ -229,7 +228,6 @@ void release_flag(int* flag) noexcept;
 // How many flags the calling thread holds (0 outside percpu's slow paths).
 int flags_held() noexcept;
 
-
 // The fork handler's waits (R3): take the flag even while holding others.
 void wait_for_locker(cpu_slot* slot) noexcept;
 void release_locker(cpu_slot* slot) noexcept;
@@ -259,8 +257,8 @@ void end_fork_flags() noexcept;
   for (int tries = 0; tries < kSectionTries; ++tries) {
     const int cpu = rseq_current_index<index_kind::cpu_id>(area);
     if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count)) return false;
-    const int rc = rseq_cmpnev_storeoffp_load<index_kind::cpu_id>(area, &slots[cpu].head,
-                                                                  kSlotLocked, next_offset, popped, cpu);
+    const int rc = rseq_cmpnev_storeoffp_load<index_kind::cpu_id>(
+        area, &slots[cpu].head, kSlotLocked, next_offset, popped, cpu);
     if (rc == 0) return true;
     if (rc == 1) return false;  // locked by a non-owner
   }

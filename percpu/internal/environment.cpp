@@ -24,8 +24,10 @@ bool environ_scanner::feed(const char* bytes, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n && !done_; ++i) {
     const char c = bytes[i];
     if (found_) {
-      if (c == '\0') done_ = true;
-      else if (copied_ + 1 < size_) buffer_[copied_++] = c;
+      if (c == '\0')
+        done_ = true;
+      else if (copied_ + 1 < size_)
+        buffer_[copied_++] = c;
     } else if (c == '\0') {
       matched_ = 0;
     } else if (matched_ == SIZE_MAX) {
@@ -33,8 +35,10 @@ bool environ_scanner::feed(const char* bytes, std::size_t n) noexcept {
     } else if (matched_ < name_length_) {
       matched_ = c == name_[matched_] ? matched_ + 1 : SIZE_MAX;
     } else {
-      if (c == '=') found_ = true;
-      else matched_ = SIZE_MAX;
+      if (c == '=')
+        found_ = true;
+      else
+        matched_ = SIZE_MAX;
     }
   }
   return !done_;

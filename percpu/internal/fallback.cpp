@@ -114,9 +114,7 @@ bool fallback_usable(cpu_backend backend, const char** why) noexcept {
       if (raw_syscall_getcpu(&cpu, nullptr) != 0) reason = "the getcpu system call fails";
       break;
     }
-    case cpu_backend::rseq:
-      reason = "rseq is not a fallback";
-      break;
+    case cpu_backend::rseq: reason = "rseq is not a fallback"; break;
   }
   if (why != nullptr) *why = reason;
   return reason == nullptr;
@@ -161,8 +159,7 @@ int fallback_query(cpu_backend backend, unsigned* cpu, unsigned* node) noexcept 
     case cpu_backend::vdso:
       if (raw_vdso_getcpu(cpu, node) == 0) return 0;
       break;  // the syscall below still answers
-    default:
-      break;
+    default: break;
   }
   return raw_syscall_getcpu(cpu, node);
 }

@@ -59,6 +59,5 @@ void fork_participant::unregister_for_fork() noexcept {
   pthread_mutex_unlock(&fork_registry::mutex);
 }
 
-
 }  // namespace internal
 }  // namespace percpu

@@ -43,9 +43,7 @@ inline void futex_wake(std::atomic<std::uint32_t>* word, int count) noexcept {
   errno = saved_errno;
 }
 
-inline void futex_wake_all(std::atomic<std::uint32_t>* word) noexcept {
-  futex_wake(word, INT_MAX);
-}
+inline void futex_wake_all(std::atomic<std::uint32_t>* word) noexcept { futex_wake(word, INT_MAX); }
 
 }  // namespace internal
 }  // namespace percpu

@@ -42,7 +42,6 @@
 #include "percpu/internal/fallback.hpp"
 #include "percpu/internal/rseq_abi.hpp"
 
-
 // glibc 2.35+ defines these; weak, so linking works against any glibc and a
 // missing definition reads as a null address. (In a dynamic link the version
 // reference they create is weak too: the library still loads on older glibc.)
@@ -105,10 +104,10 @@ struct process_state {
   // failure that may be the thread's own (a per-thread seccomp filter, an
   // area another library registered) only ever concerns that thread.
   std::atomic<rseq_owner> owner{rseq_owner::none};
-  std::intptr_t natural_area = 0;            // the area rseq would serve from
-  unsigned feature_size = 0;                 // bytes the kernel keeps current
-  unsigned own_length = kRegisteredLength;   // what percpu registers its area with
-  bool sections = true;                      // rseq_sections_enabled()
+  std::intptr_t natural_area = 0;           // the area rseq would serve from
+  unsigned feature_size = 0;                // bytes the kernel keeps current
+  unsigned own_length = kRegisteredLength;  // what percpu registers its area with
+  bool sections = true;                     // rseq_sections_enabled()
   // Other registrants' conventions, resolved at start-up (dlsym is not
   // async-signal-safe, and registration may run in a signal handler): the
   // address of librseq's rseq_offset and rseq_size, and the thread-pointer
@@ -118,7 +117,7 @@ struct process_state {
   bool have_rseq_abi = false;
   std::intptr_t rseq_abi_offset = 0;
   cpu_backend fallback = cpu_backend::syscall;
-  vdso_getcpu_fn vdso_getcpu = nullptr;     // cached for the vdso fallback
+  vdso_getcpu_fn vdso_getcpu = nullptr;          // cached for the vdso fallback
   forced_backend forced = forced_backend::none;  // PERCPU_BACKEND, force_backend()
   std::atomic<bool> forced_rseq_warned{false};
 };
@@ -147,8 +146,8 @@ void say(std::initializer_list<const char*> parts) noexcept {
 }
 
 forced_backend parse_backend(const char* name) {
-  for (cpu_backend b : {cpu_backend::rseq, cpu_backend::rdpid, cpu_backend::vdso,
-                        cpu_backend::syscall}) {
+  for (cpu_backend b :
+       {cpu_backend::rseq, cpu_backend::rdpid, cpu_backend::vdso, cpu_backend::syscall}) {
     if (std::strcmp(name, to_string(b)) == 0) return as_forced(b);
   }
   return forced_backend::none;
@@ -224,9 +223,7 @@ void set_owner_and_fallback(rseq_owner owner, cpu_backend fallback) {
 
 void set_owner(rseq_owner owner) { set_owner_and_fallback(owner, g_state.fallback); }
 
-void aim_at_fallback() {
-  aim_fast_path(tp_offset_of(&unregistered_area), 0);
-}
+void aim_at_fallback() { aim_fast_path(tp_offset_of(&unregistered_area), 0); }
 
 }  // namespace
 
@@ -288,8 +285,8 @@ bool decide_sections() {
 void initialize_once() {
   const unsigned long auxv_feature_size = getauxval(kAtRseqFeatureSize);
   // Kernels before 6.3 have no AT_RSEQ_FEATURE_SIZE; they fill the original 20 bytes.
-  g_state.feature_size = auxv_feature_size != 0 ? static_cast<unsigned>(auxv_feature_size)
-                                                : kFeatureSizeOriginal;
+  g_state.feature_size =
+      auxv_feature_size != 0 ? static_cast<unsigned>(auxv_feature_size) : kFeatureSizeOriginal;
   g_state.own_length = own_registration_length_for(auxv_feature_size, getauxval(kAtRseqAlign));
   g_state.sections = kArchHasRseq && decide_sections();
 
@@ -319,7 +316,9 @@ void initialize_once() {
     set_owner(rseq_owner::none);
     area = tp_offset_of(&unregistered_area);
     if (g_state.forced == forced_backend::rseq) {
-      say({"PERCPU_BACKEND=rseq is unavailable here (no rseq support for this architecture); using ",
+      say(
+          {"PERCPU_BACKEND=rseq is unavailable here (no rseq support for this architecture); "
+           "using ",
            to_string(g_state.fallback)});
     }
   }
@@ -399,7 +398,8 @@ bool kernel_may_lack_rseq() noexcept {
 // percpu's too, EPERM when it differs, and EINVAL for any other area or
 // length. Nothing changes in either case. Sets the length it matched and
 // whether percpu's sections may run on it.
-bool kernel_confirms(rseq_area* area, unsigned hint_length, unsigned* length, bool* same_signature) {
+bool kernel_confirms(rseq_area* area, unsigned hint_length, unsigned* length,
+                     bool* same_signature) {
   const unsigned lengths[] = {hint_length, kRegisteredLength, g_state.own_length};
   for (unsigned candidate : lengths) {
     if (candidate < kRegisteredLength) continue;
@@ -512,8 +512,7 @@ bool register_this_thread() noexcept {
                         : thread_registration::failed;
   if (ok) g_some_thread_registered.store(true, std::memory_order_relaxed);
   if (error == ENOSYS && kernel_may_lack_rseq()) set_owner(rseq_owner::none);
-  if (!ok && g_state.forced == forced_backend::rseq &&
-      !g_state.forced_rseq_warned.exchange(true)) {
+  if (!ok && g_state.forced == forced_backend::rseq && !g_state.forced_rseq_warned.exchange(true)) {
     say({"PERCPU_BACKEND=rseq is unavailable here (rseq registration failed with ",
          errno_name(error), "); using ", to_string(g_state.fallback)});
   }
@@ -577,15 +576,13 @@ int cpu_id_unbounded() noexcept {
     if (id >= 0) return id;
   }
   switch (g_state.fallback) {
-    case cpu_backend::rdpid:
-      return static_cast<int>(rdpid_tsc_aux() & kRdpidCpuMask);
+    case cpu_backend::rdpid: return static_cast<int>(rdpid_tsc_aux() & kRdpidCpuMask);
     case cpu_backend::vdso: {
       unsigned cpu = 0;
       if (g_state.vdso_getcpu(&cpu, nullptr, nullptr) == 0) return static_cast<int>(cpu);
       break;
     }
-    default:
-      break;
+    default: break;
   }
   return cpu_id_from_syscall();
 }
@@ -632,9 +629,7 @@ rseq_area* registered_rseq_area() noexcept {
   return area;
 }
 
-bool rseq_sections_enabled() noexcept {
-  return ensure_initialized() && g_state.sections;
-}
+bool rseq_sections_enabled() noexcept { return ensure_initialized() && g_state.sections; }
 
 namespace {
 
@@ -651,7 +646,8 @@ int parse_number(const char** text) {
 }  // namespace
 
 bool rseq_sections_broken_on(const char* machine, const char* release) noexcept {
-  if (machine == nullptr || release == nullptr || std::strcmp(machine, "aarch64") != 0) return false;
+  if (machine == nullptr || release == nullptr || std::strcmp(machine, "aarch64") != 0)
+    return false;
   const char* p = release;
   const int major = parse_number(&p);
   if (major < 0 || *p != '.') return false;

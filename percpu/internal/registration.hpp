@@ -97,9 +97,9 @@ int rseq_registration_error() noexcept;
 
 // Whether glibc registered rseq for its threads (__rseq_size is non-zero),
 // and then, for each of `area` and `size` that is not nullptr, the offset of
-// glibc's area from the thread pointer (__rseq_offset) and __rseq_size. Both symbols are looked up with dlsym in
-// dynamic programs (so nothing needs GLIBC_2.35), through weak references in
-// static ones. The one answer to that question in percpu and its preload.
+// glibc's area from the thread pointer (__rseq_offset) and __rseq_size. Both symbols are looked up
+// with dlsym in dynamic programs (so nothing needs GLIBC_2.35), through weak references in static
+// ones. The one answer to that question in percpu and its preload.
 [[nodiscard]] bool glibc_registered_rseq(std::intptr_t* area, unsigned* size = nullptr) noexcept;
 
 }  // namespace internal

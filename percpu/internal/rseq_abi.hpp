@@ -90,7 +90,8 @@ constexpr unsigned long kAtRseqAlign = 28;
 // Each value is an instruction that traps, so falling into the signature by
 // accident cannot run on silently.
 #if defined(__x86_64__)
-constexpr std::uint32_t kRseqSignature = 0x53053053;  // the disp32 of a ud1 (see rseq_cs_x86_64.hpp)
+constexpr std::uint32_t kRseqSignature =
+    0x53053053;  // the disp32 of a ud1 (see rseq_cs_x86_64.hpp)
 #define PERCPU_RSEQ_SIG_STRING "0x53053053"
 #elif defined(__aarch64__)
 constexpr std::uint32_t kRseqSignature = 0xd428bc00;  // brk #0x45e0

@@ -30,9 +30,8 @@ inline int rseq_addv(rseq_area*, std::intptr_t*, std::intptr_t, int) noexcept {
 }
 
 template <index_kind K>
-inline int rseq_cmpeqv_trystorev_storev(rseq_area*, std::intptr_t*, std::intptr_t,
-                                        std::intptr_t*, std::intptr_t, std::intptr_t,
-                                        int) noexcept {
+inline int rseq_cmpeqv_trystorev_storev(rseq_area*, std::intptr_t*, std::intptr_t, std::intptr_t*,
+                                        std::intptr_t, std::intptr_t, int) noexcept {
   return -1;
 }
 

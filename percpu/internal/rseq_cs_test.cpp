@@ -180,8 +180,8 @@ TEST(RseqCsTest, RegisteredAreaPaths) {
     GTEST_SKIP() << "no registered rseq area on this thread (backend " << to_string(backend())
                  << "): the private-area tests cover the sections here";
   }
-  run_single_threaded_paths<index_kind::cpu_id>(
-      area, rseq_current_index<index_kind::cpu_id>(area), false);
+  run_single_threaded_paths<index_kind::cpu_id>(area, rseq_current_index<index_kind::cpu_id>(area),
+                                                false);
   const int cpu = rseq_current_index<index_kind::cpu_id>(area);
   run_index_mismatch<index_kind::cpu_id>(area, cpu + max_cpus());
   run_index_mismatch<index_kind::cpu_id>(area, -1);
@@ -359,10 +359,11 @@ void run_contention(const char* name) {
   }
   const double seconds =
       std::chrono::duration<double>(stress::scaled(std::chrono::milliseconds(800))).count();
-  std::printf("%s: %ld adds by workers, %ld by signal handlers (%.0f per second), "
-              "%ld compare-and-stores, %ld aborted or retried sections\n",
-              name, worker_adds.load(), handler_adds, static_cast<double>(handler_adds) / seconds,
-              worker_cas.load(), state.aborts.load());
+  std::printf(
+      "%s: %ld adds by workers, %ld by signal handlers (%.0f per second), "
+      "%ld compare-and-stores, %ld aborted or retried sections\n",
+      name, worker_adds.load(), handler_adds, static_cast<double>(handler_adds) / seconds,
+      worker_cas.load(), state.aborts.load());
   EXPECT_GT(handler_adds, 0) << "no timer signal reached a worker";
   EXPECT_EQ(state.handlers_without_area.load(), 0)
       << "a signal handler on a worker found no rseq area while rseq serves the process";
@@ -375,7 +376,8 @@ void run_contention(const char* name) {
   for (std::size_t i = 0; i < slots; ++i) {
     for (std::intptr_t p = state.heads[i].value; p != 0 && listed <= state.nodes.size();
          p = reinterpret_cast<list_node*>(p)->next) {
-      const auto at = static_cast<std::size_t>(reinterpret_cast<list_node*>(p) - state.nodes.data());
+      const auto at =
+          static_cast<std::size_t>(reinterpret_cast<list_node*>(p) - state.nodes.data());
       ASSERT_LT(at, state.nodes.size()) << "a list holds a pointer that is no node";
       ++seen[at];
       ++listed;

@@ -31,6 +31,10 @@
 // outputs is not available on every supported compiler.
 #pragma once
 
+// The asm below is laid out by hand, one instruction per line and operands
+// grouped as the operand maps list them; clang-format leaves it alone.
+// clang-format off
+
 #if !defined(PERCPU_INTERNAL_RSEQ_CS_DISPATCH)
 #error "include percpu/internal/rseq_cs.hpp, not this arch file"
 #endif
@@ -423,3 +427,4 @@ cmpfail:
 
 }  // namespace internal
 }  // namespace percpu
+// clang-format on

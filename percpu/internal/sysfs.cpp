@@ -16,7 +16,6 @@
 namespace percpu {
 namespace internal {
 
-
 int cpu_list_bound(const char* text) noexcept {
   int highest = -1;
   int value = -1;

@@ -14,9 +14,7 @@
 namespace percpu {
 namespace internal {
 
-inline char* thread_pointer() noexcept {
-  return static_cast<char*>(__builtin_thread_pointer());
-}
+inline char* thread_pointer() noexcept { return static_cast<char*>(__builtin_thread_pointer()); }
 
 inline std::int32_t load_tp_relative_i32(std::intptr_t offset) noexcept {
   return *reinterpret_cast<volatile const std::int32_t*>(thread_pointer() + offset);

@@ -16,10 +16,10 @@ namespace {
 // DT_HASH or, when only DT_GNU_HASH is present, by walking the GNU hash.
 struct vdso_image {
   std::uintptr_t load_bias = 0;
-  const ElfW(Sym)* symbols = nullptr;
+  const ElfW(Sym) * symbols = nullptr;
   const char* strings = nullptr;
-  const ElfW(Versym)* versym = nullptr;
-  const ElfW(Verdef)* verdef = nullptr;
+  const ElfW(Versym) * versym = nullptr;
+  const ElfW(Verdef) * verdef = nullptr;
   std::size_t symbol_count = 0;
 };
 
@@ -90,8 +90,8 @@ bool version_matches(const vdso_image& image, std::size_t symbol, const char* ve
   const ElfW(Verdef)* def = image.verdef;
   for (;;) {
     if ((def->vd_flags & VER_FLG_BASE) == 0 && (def->vd_ndx & 0x7fff) == wanted_index) {
-      const auto* aux = reinterpret_cast<const ElfW(Verdaux)*>(
-          reinterpret_cast<const char*>(def) + def->vd_aux);
+      const auto* aux =
+          reinterpret_cast<const ElfW(Verdaux)*>(reinterpret_cast<const char*>(def) + def->vd_aux);
       return std::strcmp(image.strings + aux->vda_name, version) == 0;
     }
     if (def->vd_next == 0) return false;
@@ -107,7 +107,8 @@ void* vdso_symbol(const char* name, const char* version) noexcept {
   for (std::size_t i = 0; i < image.symbol_count; ++i) {
     const ElfW(Sym)& sym = image.symbols[i];
     if (ELF64_ST_TYPE(sym.st_info) != STT_FUNC) continue;
-    if (ELF64_ST_BIND(sym.st_info) != STB_GLOBAL && ELF64_ST_BIND(sym.st_info) != STB_WEAK) continue;
+    if (ELF64_ST_BIND(sym.st_info) != STB_GLOBAL && ELF64_ST_BIND(sym.st_info) != STB_WEAK)
+      continue;
     if (sym.st_shndx == SHN_UNDEF) continue;
     if (std::strcmp(image.strings + sym.st_name, name) != 0) continue;
     if (!version_matches(image, i, version)) continue;

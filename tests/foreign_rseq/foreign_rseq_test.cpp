@@ -41,8 +41,8 @@ const bool kSections = kKind == "librseq" || kKind == "abi";
 
 void require_registrant_first() {
   const int result = test_registrant_constructor_result();
-  ASSERT_EQ(result, 0) << "the registrant could not register the main thread (errno "
-                       << result << "): glibc's rseq must be off (GLIBC_TUNABLES="
+  ASSERT_EQ(result, 0) << "the registrant could not register the main thread (errno " << result
+                       << "): glibc's rseq must be off (GLIBC_TUNABLES="
                        << "glibc.pthread.rseq=0) and the kernel must have rseq";
 }
 

@@ -45,12 +45,12 @@ struct registrant_area {
 #define EXPORT __attribute__((visibility("default")))
 
 #if defined(REGISTRANT_ABI)
-EXPORT __thread struct registrant_area __rseq_abi __attribute__((tls_model("initial-exec"))) = {
-    .cpu_id = -1};
+EXPORT __thread struct registrant_area __rseq_abi
+    __attribute__((tls_model("initial-exec"))) = {.cpu_id = -1};
 #define AREA __rseq_abi
 #else
-static __thread struct registrant_area area __attribute__((tls_model("initial-exec"))) = {
-    .cpu_id = -1};
+static __thread struct registrant_area area
+    __attribute__((tls_model("initial-exec"))) = {.cpu_id = -1};
 #define AREA area
 #endif
 

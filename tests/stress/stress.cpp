@@ -117,8 +117,8 @@ affinity_flipper::affinity_flipper(const worker_group& group, std::vector<int> c
                                    std::chrono::microseconds period)
     : affinity_flipper([&group] { return group.tids(); }, std::move(cpus), period) {}
 
-affinity_flipper::affinity_flipper(std::function<std::vector<pid_t>()> tids,
-                                   std::vector<int> cpus, std::chrono::microseconds period)
+affinity_flipper::affinity_flipper(std::function<std::vector<pid_t>()> tids, std::vector<int> cpus,
+                                   std::chrono::microseconds period)
     : tids_(std::move(tids)), cpus_(std::move(cpus)), period_(period) {
   thread_ = std::thread([this] { run(); });
 }
@@ -137,8 +137,7 @@ void affinity_flipper::run() {
     for (pid_t tid : tids_()) {
       if (tid == 0) continue;
       const std::size_t pick = random() % choices;
-      const std::vector<int> mask =
-          pick < cpus_.size() ? std::vector<int>{cpus_[pick]} : cpus_;
+      const std::vector<int> mask = pick < cpus_.size() ? std::vector<int>{cpus_[pick]} : cpus_;
       if (set_affinity(tid, mask)) flips_.fetch_add(1, std::memory_order_relaxed);
     }
     std::this_thread::sleep_for(period_);

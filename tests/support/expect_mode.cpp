@@ -24,12 +24,15 @@ class expect_mode : public ::testing::Environment {
     // The registration length says which kernel mode serves the thread:
     // more than 32 bytes is Linux 7.0+'s strict V2 mode, 32 the legacy one.
     const unsigned length = percpu::internal::rseq_registration_length();
-    std::printf("percpu test mode: rseq owner=%s, main thread backend=%s, fallback=%s, "
-                "feature size=%u, max_cpus=%d, registration=%u (%s), sections=%s\n",
-                owner, backend, percpu::to_string(percpu::fallback_backend()),
-                percpu::rseq_feature_size(), percpu::max_cpus(), length,
-                length == 0 ? "none" : length > 32 ? "v2" : "legacy",
-                percpu::internal::rseq_sections_enabled() ? "on" : "off");
+    std::printf(
+        "percpu test mode: rseq owner=%s, main thread backend=%s, fallback=%s, "
+        "feature size=%u, max_cpus=%d, registration=%u (%s), sections=%s\n",
+        owner, backend, percpu::to_string(percpu::fallback_backend()), percpu::rseq_feature_size(),
+        percpu::max_cpus(), length,
+        length == 0   ? "none"
+        : length > 32 ? "v2"
+                      : "legacy",
+        percpu::internal::rseq_sections_enabled() ? "on" : "off");
     if (const char* want = std::getenv("PERCPU_EXPECT_OWNER")) {
       EXPECT_STREQ(owner, want) << "this variant must run with rseq owned by " << want;
     }
