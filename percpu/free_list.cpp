@@ -31,11 +31,11 @@ constexpr int kLockTries = 3;
 free_list::free_list() : slot_count_(max_cpus()) {
   end_.next = &end_;
   overflow_.head = 0;
-  overflow_.consumer = 0;
+  overflow_.consumer = internal::kFlagFree;
   slots_ = new slot[static_cast<std::size_t>(slot_count_)];
   for (int i = 0; i < slot_count_; ++i) {
     slots_[i].head = end();
-    slots_[i].locker = 0;
+    slots_[i].locker = internal::kFlagFree;
   }
   thread_slots_ = internal::new_thread_slots(end());
   register_for_fork();

@@ -111,12 +111,12 @@ object_pool::object_pool(const options& opts) {
   carve_next_ = carve_end_ = nullptr;
   carved_ = 0;
   overflow_.head = 0;
-  overflow_.consumer = 0;
+  overflow_.consumer = internal::kFlagFree;
   slot_count_ = max_cpus();
   slots_ = new slot[static_cast<std::size_t>(slot_count_)];
   for (int i = 0; i < slot_count_; ++i) {
     slots_[i].head = end();
-    slots_[i].locker = 0;
+    slots_[i].locker = internal::kFlagFree;
   }
   thread_slots_ = internal::new_thread_slots(end());
   register_for_fork();
