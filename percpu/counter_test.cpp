@@ -22,7 +22,7 @@
 
 #include "percpu/cpu.hpp"
 #include "tests/stress/stress.hpp"
-#include "tests/support/deny_rseq.hpp"
+#include "tools/seccomp_deny_rseq.hpp"
 
 namespace percpu {
 namespace {
@@ -254,11 +254,11 @@ TEST(CounterStressTest, ThreadChurn) {
   EXPECT_EQ(c.load(), expected);
 }
 
-// A thread whose rseq(2) fails with EPERM (tests/support/deny_rseq.hpp): in
+// A thread whose rseq(2) fails with EPERM (tools/seccomp_deny_rseq.hpp): in
 // own-registration mode it cannot register and adds through the atomic word,
 // while its neighbours add through rseq sections: the two paths on the same
 // slots.
-bool deny_rseq_for_this_thread() { return percpu::test::deny_rseq_for_this_thread(EPERM); }
+bool deny_rseq_for_this_thread() { return percpu::tools::deny_rseq(EPERM); }
 
 TEST(CounterStressTest, RseqAndFallbackThreadsOnTheSameSlots) {
   // Only percpu's own registration can be refused per thread: glibc

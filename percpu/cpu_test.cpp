@@ -35,7 +35,7 @@
 #include "percpu/internal/fallback.hpp"
 #include "percpu/internal/registration.hpp"
 #include "percpu/percpu.h"
-#include "tests/support/deny_rseq.hpp"
+#include "tools/seccomp_deny_rseq.hpp"
 
 namespace percpu {
 namespace {
@@ -617,7 +617,7 @@ TEST(CpuPerThread, OneThreadDeniedRseqLeavesTheOthersOnRseq) {
   }
   for (int error : {ENOSYS, EPERM}) {
     std::thread denied([error] {
-      ASSERT_TRUE(test::deny_rseq_for_this_thread(error));
+      ASSERT_TRUE(tools::deny_rseq(error));  // binds this thread only
       EXPECT_GE(cpu_id(), 0);
       EXPECT_NE(backend(), cpu_backend::rseq);
       EXPECT_EQ(rseq_ownership(), rseq_owner::none) << "as seen from the denied thread";

@@ -1,10 +1,11 @@
-// Makes rseq(2) fail in the calling process and everything it execs.
+// Makes rseq(2) fail in the calling thread, the threads and processes it
+// creates afterwards, and everything they exec.
 //
 // Kernels and sandboxes without rseq look exactly like this to glibc and to
-// percpu, so this is how both the tests (tests/seccomp_exec) and
-// percpu-bench's "without rseq" column get a process with no rseq on a
-// kernel that has it. One copy of the filter, shared by both, so the two
-// cannot drift apart.
+// percpu, so this is how the tests (tests/seccomp_exec, and cpu_test and
+// counter_test for one thread of several) and percpu-bench's "without rseq"
+// column get no rseq on a kernel that has it. One copy of the filter, shared
+// by all, so they cannot drift apart.
 #pragma once
 
 namespace percpu {
@@ -12,7 +13,10 @@ namespace tools {
 
 // Installs a seccomp filter (after PR_SET_NO_NEW_PRIVS, so no privilege is
 // needed) that returns `error` from rseq(2) and allows every other system
-// call. The filter survives execve and cannot be removed. Returns false with
+// call. Installed without TSYNC, it binds only the calling thread (and what
+// it creates later), like a per-thread filter in a real program; called
+// before any other thread exists, that is the whole process. The filter
+// survives execve and cannot be removed. Returns false with
 // errno set when the kernel refuses it.
 bool deny_rseq(int error) noexcept;
 
