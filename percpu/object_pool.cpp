@@ -252,6 +252,21 @@ void object_pool::depot_give(node* first, node* last, std::intptr_t count) noexc
   depot_unlock();
 }
 
+// Gives a whole list to the depot: first, then ->next up to the node whose
+// next is `end` (end() for a slot's list, 0 for the overflow stack's chain).
+// Returns how many objects it moved.
+std::size_t object_pool::depot_give_list(node* first, std::intptr_t end) noexcept {
+  node* last = first;
+  std::intptr_t count = 1;
+  while (reinterpret_cast<std::intptr_t>(last->next) != end) {
+    last = last->next;
+    ++count;
+  }
+  last->next = nullptr;
+  depot_give(first, last, count);
+  return static_cast<std::size_t>(count);
+}
+
 std::size_t object_pool::depot_objects() const noexcept {
   return static_cast<std::size_t>(__atomic_load_n(&depot_count_, __ATOMIC_RELAXED));
 }
@@ -550,18 +565,7 @@ std::size_t object_pool::trim() noexcept {
         continue;
       }
       internal::unlock_slot(&slots_[cpu], end());
-      if (head != end()) {
-        node* first = reinterpret_cast<node*>(head);
-        node* last = first;
-        std::intptr_t count = 1;
-        while (reinterpret_cast<std::intptr_t>(last->next) != end()) {
-          last = last->next;
-          ++count;
-        }
-        last->next = nullptr;
-        depot_give(first, last, count);
-        moved += static_cast<std::size_t>(count);
-      }
+      if (head != end()) moved += depot_give_list(reinterpret_cast<node*>(head), end());
       break;
     }
   }
@@ -578,31 +582,12 @@ std::size_t object_pool::trim() noexcept {
       const std::intptr_t head = __atomic_load_n(&ts->head, __ATOMIC_RELAXED);
       __atomic_store_n(&ts->head, end(), __ATOMIC_RELAXED);
       internal::unlock_thread_slot(ts);
-      if (head != end()) {
-        node* first = reinterpret_cast<node*>(head);
-        node* last = first;
-        std::intptr_t count = 1;
-        while (reinterpret_cast<std::intptr_t>(last->next) != end()) {
-          last = last->next;
-          ++count;
-        }
-        last->next = nullptr;
-        depot_give(first, last, count);
-        moved += static_cast<std::size_t>(count);
-      }
+      if (head != end()) moved += depot_give_list(reinterpret_cast<node*>(head), end());
       break;
     }
   }
   if (internal::side_node* chain = internal::side_take_all(&overflow_)) {
-    node* first = reinterpret_cast<node*>(chain);
-    node* last = first;
-    std::intptr_t count = 1;
-    while (last->next != nullptr) {
-      last = last->next;
-      ++count;
-    }
-    depot_give(first, last, count);
-    moved += static_cast<std::size_t>(count);
+    moved += depot_give_list(reinterpret_cast<node*>(chain), 0);
   }
   return moved;
 }

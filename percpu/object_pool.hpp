@@ -158,6 +158,7 @@ class object_pool final : private internal::fork_participant {
   void depot_unlock() noexcept;
   node* depot_take(std::intptr_t want, node** last, std::intptr_t* got) noexcept;
   void depot_give(node* first, node* last, std::intptr_t count) noexcept;
+  std::size_t depot_give_list(node* first, std::intptr_t end) noexcept;
   void drain_overflow_locked() noexcept;
   bool carve_chunk_locked() noexcept;
   void check_allocate(void* p) noexcept;
