@@ -79,17 +79,21 @@ internal::thread_slot* free_list::own_thread_slot() noexcept {
   return index >= 0 ? &thread_slots_[index] : nullptr;
 }
 
+// Puts first..last on the calling thread's own list; false when it has none,
+// or when another thread holds it (a steal, take_all or fork) or a signal
+// handler interrupted this thread's own use of it.
+bool free_list::push_chain_own(free_list_node* first, free_list_node* last) noexcept {
+  internal::thread_slot* own = own_thread_slot();
+  if (own == nullptr || !internal::thread_slot_enter(own)) return false;
+  last->next = reinterpret_cast<free_list_node*>(__atomic_load_n(&own->head, __ATOMIC_RELAXED));
+  __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(first), __ATOMIC_RELAXED);
+  internal::thread_slot_leave(own);
+  return true;
+}
+
 void free_list::push_slow(free_list_node* node, bool has_sections) noexcept {
   if (!has_sections) {
-    if (internal::thread_slot* own = own_thread_slot()) {
-      if (internal::thread_slot_enter(own)) {
-        node->next =
-            reinterpret_cast<free_list_node*>(__atomic_load_n(&own->head, __ATOMIC_RELAXED));
-        __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(node), __ATOMIC_RELAXED);
-        internal::thread_slot_leave(own);
-        return;
-      }
-    }
+    if (push_chain_own(node, node)) return;
     // A thread without rseq: lock the slot of the CPU the fallback reports.
     const int cpu = internal::cpu_hint() % slot_count_;
     for (int tries = 0; tries < kLockTries; ++tries) {
@@ -163,15 +167,7 @@ void free_list::push_chain_home(free_list_node* first, free_list_node* last) noe
   if (internal::rseq_area* area = internal::section_area()) {
     if (internal::push_local_chain(area, slots_, slot_count_, first, last)) return;
   } else {
-    if (internal::thread_slot* own = own_thread_slot()) {
-      if (internal::thread_slot_enter(own)) {
-        last->next =
-            reinterpret_cast<free_list_node*>(__atomic_load_n(&own->head, __ATOMIC_RELAXED));
-        __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(first), __ATOMIC_RELAXED);
-        internal::thread_slot_leave(own);
-        return;
-      }
-    }
+    if (push_chain_own(first, last)) return;
     const int cpu = internal::cpu_hint() % slot_count_;
     std::intptr_t head = 0;
     if (internal::lock_slot(&slots_[cpu], cpu, &head) == internal::lock_result::acquired) {

@@ -104,6 +104,7 @@ class free_list final : private internal::fork_participant {
   free_list_node* pop_locked(int cpu, int batch, free_list_node** rest_last) noexcept;
   free_list_node* pop_thread_slot(int index, int batch, free_list_node** rest_last) noexcept;
   internal::thread_slot* own_thread_slot() noexcept;
+  bool push_chain_own(free_list_node* first, free_list_node* last) noexcept;
   void push_chain_home(free_list_node* first, free_list_node* last) noexcept;
   void to_overflow(free_list_node* first, free_list_node* last) noexcept;
   void before_fork() noexcept override;
