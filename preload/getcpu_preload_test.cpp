@@ -32,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/files.hpp"
+
 extern char** environ;
 
 namespace {
@@ -43,21 +45,8 @@ struct run_result {
   std::string trace;  // the preload's trace file
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::string temp_path(const char* stem) {
-  std::string path = std::string(::testing::TempDir()) + stem + "XXXXXX";
-  std::vector<char> buffer(path.begin(), path.end());
-  buffer.push_back('\0');
-  const int fd = mkstemp(buffer.data());
-  if (fd >= 0) close(fd);
-  return buffer.data();
-}
+using percpu::test::read_file;
+using percpu::test::temp_path;
 
 bool is_controlled(const char* entry) {
   for (const char* name :

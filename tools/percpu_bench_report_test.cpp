@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tools/percpu_bench.hpp"
+#include "tests/support/files.hpp"
 
 namespace percpu {
 namespace bench {
@@ -23,20 +24,8 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string temp_path(const char* stem) {
-  const char* dir = std::getenv("TMPDIR");
-  std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + stem + "XXXXXX";
-  const int fd = mkstemp(&path[0]);
-  if (fd >= 0) close(fd);
-  return path;
-}
+using percpu::test::read_file;
+using percpu::test::temp_path;
 
 // Far longer than any line buffer a writer might format into.
 std::string long_text(const std::string& unit) {
@@ -95,7 +84,7 @@ TEST(PercpuBenchReport, SvgKeepsLongTextWhole) {
   const std::string path = temp_path("percpu_bench_report_svg");
   std::string error;
   ASSERT_TRUE(write_svg(run, path, &error)) << error;
-  const std::string svg = slurp(path);
+  const std::string svg = read_file(path);
   unlink(path.c_str());
   EXPECT_NE(svg.find(xml_escaped(run.env.cpu_model)), std::string::npos)
       << "the CPU model is cut or unescaped";
@@ -118,7 +107,7 @@ TEST(PercpuBenchReport, JsonRoundTripsAnyText) {
   const std::string path = temp_path("percpu_bench_report_json");
   std::string error;
   ASSERT_TRUE(write_json(run, path, &error)) << error;
-  const std::string text = slurp(path);
+  const std::string text = read_file(path);
   unlink(path.c_str());
   const json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(doc.is_discarded()) << text.substr(0, 2000);

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "percpu/cpu.hpp"
+#include "tests/support/files.hpp"
 
 extern char** environ;
 
@@ -35,20 +36,8 @@ struct run_output {
   std::string err;
 };
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string temp_path(const char* stem) {
-  const char* dir = std::getenv("TMPDIR");
-  std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + stem + "XXXXXX";
-  const int fd = mkstemp(&path[0]);
-  if (fd >= 0) close(fd);
-  return path;
-}
+using percpu::test::read_file;
+using percpu::test::temp_path;
 
 // Runs `program args...` with stdout and stderr captured in files (not
 // terminals, so percpu-bench must stay silent on stderr).
@@ -72,8 +61,8 @@ run_output run(const std::string& program, const std::vector<std::string>& args)
     r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
   posix_spawn_file_actions_destroy(&actions);
-  r.out = slurp(out_path);
-  r.err = slurp(err_path);
+  r.out = read_file(out_path);
+  r.err = read_file(err_path);
   unlink(out_path.c_str());
   unlink(err_path.c_str());
   return r;
@@ -199,7 +188,7 @@ class PercpuBenchFullRun : public ::testing::Test {
         bench({"--calls", std::to_string(kCalls), "--repetitions", std::to_string(kRepetitions),
                "--json", *json_path_, "--svg", *svg_path_}));
     root_ = new json;
-    parsed_ = parse_json(slurp(*json_path_), root_);
+    parsed_ = parse_json(read_file(*json_path_), root_);
   }
   static void TearDownTestSuite() {
     unlink(json_path_->c_str());
@@ -211,7 +200,7 @@ class PercpuBenchFullRun : public ::testing::Test {
   }
   void SetUp() override {
     ASSERT_EQ(output_->status, 0) << output_->err;
-    ASSERT_TRUE(parsed_) << "the JSON does not parse:\n" << slurp(*json_path_);
+    ASSERT_TRUE(parsed_) << "the JSON does not parse:\n" << read_file(*json_path_);
   }
 
   static std::string* json_path_;
@@ -385,7 +374,7 @@ TEST_F(PercpuBenchFullRun, DisassemblyShowsTheFastPaths) {
 }
 
 TEST_F(PercpuBenchFullRun, SvgNamesEveryRow) {
-  const std::string svg = slurp(*svg_path_);
+  const std::string svg = read_file(*svg_path_);
   EXPECT_EQ(svg.compare(0, 5, "<?xml"), 0);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
   EXPECT_NE(svg.find("log scale"), std::string::npos);
@@ -432,8 +421,8 @@ TEST(PercpuBenchStructures, TableJsonAndSvgHoldEveryRow) {
                               json_path, "--svg", svg_path});
   ASSERT_EQ(r.status, 0) << r.err;
   json root;
-  ASSERT_TRUE(parse_json(slurp(json_path), &root)) << slurp(json_path);
-  const std::string svg = slurp(svg_path);
+  ASSERT_TRUE(parse_json(read_file(json_path), &root)) << read_file(json_path);
+  const std::string svg = read_file(svg_path);
   unlink(json_path.c_str());
   unlink(svg_path.c_str());
   EXPECT_NE(r.out.find("2. percpu's structures against what they replace"), std::string::npos)
@@ -512,7 +501,7 @@ TEST(PercpuBenchThreads, ReportsEveryAllowedCpu) {
                               "cpu_id,glibc_sched_getcpu_rseq_off,arm64", "--json", json_path});
   ASSERT_EQ(r.status, 0) << r.err;
   json root;
-  ASSERT_TRUE(parse_json(slurp(json_path), &root));
+  ASSERT_TRUE(parse_json(read_file(json_path), &root));
   unlink(json_path.c_str());
   EXPECT_TRUE(root.at("options").at("threads").get<bool>());
   EXPECT_NE(r.out.find("5. Per CPU"), std::string::npos);
