@@ -60,6 +60,7 @@ struct options {
   std::vector<std::string> only;  // empty: everything
   std::string json_path;
   std::string svg_path;
+  std::string gbench_json_path;   // Google Benchmark's JSON format, for its compare.py
   std::vector<std::string> argv;  // the command as typed, for the record
   // Hidden: run one row and print its raw figures (the rseq-off child).
   std::string child_row;
@@ -132,11 +133,10 @@ struct structure_kind {
   const char* short_label;        // for the bar lines
   loop_fn percpu_loop;
   loop_fn alternative_loop;
-  // The ratio's direction: percpu / alternative (lower is better) when true,
-  // alternative / percpu (higher is better) otherwise.
-  bool percpu_over_alternative;
-  double bar_with_rseq;
-  double bar_without_rseq;
+  // The least ratio (the alternative's time / percpu's, so above 1 means
+  // percpu is faster) the project accepts, with rseq and without it.
+  double goal_with_rseq;
+  double goal_without_rseq;
 };
 
 const std::vector<structure_kind>& structure_kinds();
@@ -149,9 +149,9 @@ struct structure_mode {
   std::string backend;  // cpu_id()'s backend where it was measured
   structure_side percpu;
   structure_side alternative;
-  // percpu / alternative or alternative / percpu, as the kind says; 0 when
-  // either side is missing.
-  double ratio(const structure_kind& kind) const;
+  // The alternative's median time / percpu's, for every kind: above 1,
+  // percpu is faster. 0 when either side is missing.
+  double ratio() const;
 };
 
 struct structure_row {
@@ -239,6 +239,13 @@ int run_structures_child(const options& opts);
 void print_text(const run_result& run, std::FILE* out);
 bool write_json(const run_result& run, const std::string& path, std::string* error);
 bool write_svg(const run_result& run, const std::string& path, std::string* error);
+// The same figures as Google Benchmark writes them (--benchmark_format=json,
+// json_schema_version 1): one entry per repetition, then the mean, median and
+// stddev aggregates, so Google Benchmark's tools/compare.py reads a run.
+bool write_gbench_json(const run_result& run, const std::string& path, std::string* error);
+// The version of write_json's record, its "schema_version" field; raised
+// whenever a field changes meaning or goes away (docs/results.md lists them).
+constexpr int kJsonSchemaVersion = 1;
 // The figure as the text table prints it, so tests can match JSON to text.
 std::string format_ns(double ns_per_call);
 

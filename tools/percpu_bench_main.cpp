@@ -18,6 +18,7 @@ namespace {
 using percpu::bench::options;
 
 constexpr int kUsageError = 2;
+constexpr int kOutputError = 1;
 
 std::string directory_of(const std::string& path) {
   const std::size_t slash = path.find_last_of('/');
@@ -81,28 +82,36 @@ int main(int argc, char** argv) {
       ->excludes(threads)
       ->excludes(only);
   app.add_option("--json", opts.json_path, "Also write every figure and the environment as JSON");
-  app.add_option("--svg", opts.svg_path, "Also write a bar chart of ns per call (log scale)");
+  app.add_option("--svg", opts.svg_path, "Also write a bar chart of ns per call (linear, from 0)");
+  app.add_option("--gbench-json", opts.gbench_json_path,
+                 "Also write the figures in Google Benchmark's JSON format, which its "
+                 "tools/compare.py reads");
   app.add_option("--internal-child", opts.child_row)->group("");  // the rseq-off child
   app.footer(
       "Rows for --only: glibc_sched_getcpu, glibc_sched_getcpu_rseq_off, percpu_sched_getcpu,\n"
       "cpu_id, vdso_getcpu, rdpid, rdtscp, syscall_getcpu, thread_local, arm64 (the arm64 table).\n"
       "Exit status: 0 on success, 2 for a bad flag or value, 1 when an output file cannot be "
-      "written.");
+      "written\n(checked before measuring; if writing fails after all, the tables are printed "
+      "first).");
 
   try {
     app.parse(argc, argv);
-    std::string why;
-    for (const std::string* path : {&opts.json_path, &opts.svg_path}) {
-      if (!path->empty() && !writable(*path, &why)) {
-        throw CLI::ValidationError("cannot write " + *path + ": " + why);
-      }
-    }
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
     return 0;
   } catch (const CLI::ParseError& e) {
     std::cerr << "percpu-bench: error: " << e.what() << "\n\n" << app.help();
     return kUsageError;
+  }
+  // An output file that cannot be written is found before a long run, not
+  // after it.
+  for (const std::string* path : {&opts.json_path, &opts.svg_path, &opts.gbench_json_path}) {
+    std::string why;
+    if (!path->empty() && !writable(*path, &why)) {
+      std::fprintf(stderr, "percpu-bench: error: cannot write %s: %s\n", path->c_str(),
+                   why.c_str());
+      return kOutputError;
+    }
   }
 
   if (opts.child_row == percpu::bench::kStructuresChild ||
@@ -130,11 +139,16 @@ int main(int argc, char** argv) {
   std::string error;
   if (!opts.json_path.empty() && !percpu::bench::write_json(run, opts.json_path, &error)) {
     std::fprintf(stderr, "percpu-bench: %s\n", error.c_str());
-    status = 1;
+    status = kOutputError;
   }
   if (!opts.svg_path.empty() && !percpu::bench::write_svg(run, opts.svg_path, &error)) {
     std::fprintf(stderr, "percpu-bench: %s\n", error.c_str());
-    status = 1;
+    status = kOutputError;
+  }
+  if (!opts.gbench_json_path.empty() &&
+      !percpu::bench::write_gbench_json(run, opts.gbench_json_path, &error)) {
+    std::fprintf(stderr, "percpu-bench: %s\n", error.c_str());
+    status = kOutputError;
   }
   return status;
 }

@@ -295,8 +295,33 @@ std::string side_cells(const structure_mode& m, const structure_side& side) {
   return format_ns(side.median()) + "  " + format_ns(side.min()) + "-" + format_ns(side.max());
 }
 
-// The bar lines of the structures table: one per structure and mode, with
-// every thread count's ratio.
+double structure_goal(const structure_kind& kind, bool rseq) {
+  return rseq ? kind.goal_with_rseq : kind.goal_without_rseq;
+}
+
+// One row's ratio against its goal, as the table, the SVG and the JSON say it.
+struct goal_check {
+  double ratio;  // the alternative's time / percpu's; 0 when not measured
+  double goal;
+  bool measured() const { return ratio > 0; }
+  bool met() const { return measured() && ratio >= goal; }
+  const char* verdict() const { return !measured() ? "not measured" : met() ? "met" : "NOT met"; }
+};
+
+goal_check check_goal(const structure_row& row, bool rseq) {
+  return {(rseq ? row.with_rseq : row.without_rseq).ratio(), structure_goal(*row.kind, rseq)};
+}
+
+// The goal cell of the table: "6.91x (goal 2.33x) met".
+std::string goal_cell(const structure_row& row, bool rseq) {
+  const goal_check c = check_goal(row, rseq);
+  const std::string goal = printf_string("(goal %.2fx)", c.goal);
+  if (!c.measured()) return "n/a " + goal;
+  return printf_string("%.2fx ", c.ratio) + goal + " " + c.verdict();
+}
+
+// The summary lines under the structures table: one per structure and mode,
+// with every thread count's ratio.
 struct structure_bar {
   std::string text;
   std::vector<double> ratios;  // per thread count; 0 where not measured
@@ -308,19 +333,17 @@ std::vector<structure_bar> structure_bars(const run_result& run) {
   std::vector<structure_bar> bars;
   for (const structure_kind& kind : structure_kinds()) {
     for (const bool rseq : {true, false}) {
-      const double goal = rseq ? kind.bar_with_rseq : kind.bar_without_rseq;
       structure_bar b;
-      b.text = std::string(kind.short_label) + (rseq ? ", with rseq" : ", without rseq") + " (" +
-               (kind.percpu_over_alternative ? "at most " : "at least ") +
-               printf_string("%.2gx)", goal);
+      b.text = std::string(kind.short_label) + (rseq ? ", with rseq" : ", without rseq") +
+               printf_string(" (goal: at least %.2fx)", structure_goal(kind, rseq));
       b.measured = true;
       b.met = true;
       for (const structure_row& row : run.structures) {
         if (row.kind != &kind) continue;
-        const double r = (rseq ? row.with_rseq : row.without_rseq).ratio(kind);
-        b.ratios.push_back(r);
-        if (r <= 0) b.measured = false;
-        b.met = b.met && r > 0 && (kind.percpu_over_alternative ? r <= goal : r >= goal);
+        const goal_check c = check_goal(row, rseq);
+        b.ratios.push_back(c.ratio);
+        b.measured = b.measured && c.measured();
+        b.met = b.met && c.met();
       }
       bars.push_back(b);
     }
@@ -328,11 +351,18 @@ std::vector<structure_bar> structure_bars(const run_result& run) {
   return bars;
 }
 
+// Said once at the head of the table and of the chart, so no reader has to
+// guess which way round a ratio is.
+constexpr const char* kRatioMeaning =
+    "ratio = the alternative's median time / percpu's: above 1x, percpu is faster; "
+    "goal: the least ratio the project accepts";
+
 void print_structures(const run_result& run, std::FILE* out) {
   std::fprintf(out,
                "\n2. percpu's structures against what they replace: ns per operation, median of "
                "%d repetition%s, then min-max over every thread\n",
                run.opts.repetitions, run.opts.repetitions == 1 ? "" : "s");
+  std::fprintf(out, "   %s\n", kRatioMeaning);
   std::fprintf(out,
                "   (each thread pinned to its own CPU where there are enough; \"without rseq\": "
                "this binary again,\n    in a child process whose rseq system call a seccomp "
@@ -344,16 +374,17 @@ void print_structures(const run_result& run, std::FILE* out) {
     width = std::max({width, std::strlen(kind.label), std::strlen(kind.alternative_label) + 2});
   }
   const int w = static_cast<int>(width + 1);
-  std::fprintf(out, "%-*s %7s   %-26s %-26s\n", w, "", "threads", "with rseq",
-               "without rseq [child]");
+  std::fprintf(out, "%-*s %7s   %-30s %s\n", w, "", "threads", "with rseq", "without rseq [child]");
   for (const structure_row& row : run.structures) {
-    std::fprintf(out, "%-*s %7d   %-26s %-26s\n", w, row.kind->label, row.threads,
+    std::fprintf(out, "%-*s %7d   %-30s %s\n", w, row.kind->label, row.threads,
                  side_cells(row.with_rseq, row.with_rseq.percpu).c_str(),
                  side_cells(row.without_rseq, row.without_rseq.percpu).c_str());
-    std::fprintf(out, "%-*s %7d   %-26s %-26s\n", w,
+    std::fprintf(out, "%-*s %7d   %-30s %s\n", w,
                  (std::string("  ") + row.kind->alternative_label).c_str(), row.threads,
                  side_cells(row.with_rseq, row.with_rseq.alternative).c_str(),
                  side_cells(row.without_rseq, row.without_rseq.alternative).c_str());
+    std::fprintf(out, "%-*s %7d   %-30s %s\n", w, "  ratio, goal", row.threads,
+                 goal_cell(row, true).c_str(), goal_cell(row, false).c_str());
   }
   const structure_row* first = run.structures.empty() ? nullptr : &run.structures.front();
   if (first != nullptr) {
@@ -366,15 +397,14 @@ void print_structures(const run_result& run, std::FILE* out) {
       }
     }
   }
-  std::fprintf(out,
-               "\n   The bar (percpu's own targets for its structures; ratios of the medians "
-               "above, at 1 / 2 threads):\n");
+  std::fprintf(
+      out, "\n   The goals, per structure and mode (alternative / percpu, at 1 / 2 threads):\n");
   for (const structure_bar& b : structure_bars(run)) {
     std::string ratios;
     for (double r : b.ratios) {
       ratios += (ratios.empty() ? "" : " / ") + (r > 0 ? printf_string("%.2fx", r) : "n/a");
     }
-    std::fprintf(out, "   %-66s %17s  %s\n", b.text.c_str(), ratios.c_str(),
+    std::fprintf(out, "   %-72s %17s  %s\n", b.text.c_str(), ratios.c_str(),
                  !b.measured ? "not measured"
                  : b.met     ? "met"
                              : "NOT met");
@@ -482,13 +512,21 @@ json json_side(const structure_side& side) {
           {"repetitions_ns_per_op", json_numbers(side.ns_per_op)}};
 }
 
-json json_mode(const structure_kind& kind, const structure_mode& m) {
-  if (!m.available) return {{"available", false}, {"reason", m.reason}};
-  return {{"available", true},
-          {"backend", m.backend},
-          {"percpu", json_side(m.percpu)},
-          {"alternative", json_side(m.alternative)},
-          {"ratio", json_number(m.ratio(kind))}};
+json json_mode(const structure_row& row, bool rseq) {
+  const structure_mode& m = rseq ? row.with_rseq : row.without_rseq;
+  const goal_check c = check_goal(row, rseq);
+  json out = {{"available", m.available}};
+  if (!m.available) {
+    out["reason"] = m.reason;
+  } else {
+    out["backend"] = m.backend;
+    out["percpu"] = json_side(m.percpu);
+    out["alternative"] = json_side(m.alternative);
+  }
+  out["ratio"] = c.measured() ? json_number(c.ratio) : json(nullptr);
+  out["goal"] = json_number(c.goal);
+  out["goal_met"] = c.measured() ? json(c.met()) : json(nullptr);
+  return out;
 }
 
 json json_structures(const run_result& run) {
@@ -498,10 +536,9 @@ json json_structures(const run_result& run) {
                    {"threads", row.threads},
                    {"label", row.kind->label},
                    {"alternative", row.kind->alternative_label},
-                   {"ratio_is", row.kind->percpu_over_alternative ? "percpu/alternative"
-                                                                  : "alternative/percpu"},
-                   {"with_rseq", json_mode(*row.kind, row.with_rseq)},
-                   {"without_rseq", json_mode(*row.kind, row.without_rseq)}});
+                   {"ratio_is", "alternative/percpu"},
+                   {"with_rseq", json_mode(row, true)},
+                   {"without_rseq", json_mode(row, false)}});
   }
   return out;
 }
@@ -534,13 +571,26 @@ std::string svg_label(const measurement& row) {
   return "empty noinline call (call overhead)";
 }
 
-const char* svg_colour(const measurement& row) {
-  const std::string name = row.method->name;
-  if (name == "cpu_id" || name == "get_cpu_id_after") return "#1b7f5f";
-  if (row.method->is_baseline || name == "get_cpu_id_before") return "#6b6b6b";
-  if (row.method->is_limit) return "#2c5aa0";
-  if (name == "empty_call") return "#b0b0b0";
-  return "#d08c2a";
+// Writes the whole of `text` to `path`; on failure says why in *error. A
+// full disk shows only when the buffered bytes go out, so fclose() counts.
+bool write_file(const std::string& path, const std::string& text, std::string* error) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    *error = "cannot write " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) {
+    *error = "cannot write " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+// Text the tool did not make (a CPU model, a compiler's version string) may
+// hold bytes that are not UTF-8: replace them rather than fail the run.
+std::string dump(const json& doc) {
+  return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace
@@ -567,6 +617,7 @@ void print_text(const run_result& run, std::FILE* out) {
 bool write_json(const run_result& run, const std::string& path, std::string* error) {
   const environment& e = run.env;
   json doc;
+  doc["schema_version"] = kJsonSchemaVersion;
   doc["tool"] = "percpu-bench";
   doc["command"] = run.opts.argv;
   doc["options"] = {{"calls", run.opts.calls},
@@ -619,20 +670,147 @@ bool write_json(const run_result& run, const std::string& path, std::string* err
   doc["on_cpu_share"] = json_number(run.on_cpu_share);
   doc["wall_seconds"] = json_number(run.wall_seconds);
 
-  // Text the tool did not make (a CPU model, a compiler's version string) may
-  // hold bytes that are not UTF-8: replace them rather than fail the run.
-  const std::string s = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) {
-    *error = "cannot write " + path + ": " + std::strerror(errno);
-    return false;
+  return write_file(path, dump(doc), error);
+}
+
+namespace {
+
+// One Google Benchmark run name and its repetitions, in ns per iteration.
+struct gbench_series {
+  std::string name;
+  int threads = 1;
+  std::uint64_t iterations = 0;
+  std::vector<double> ns;  // per repetition
+};
+
+// The seed rows by their --only names; the structures as
+// KIND/percpu|alternative/rseq|no_rseq/threads:N, so that compare.py's
+// "filters" mode can set percpu against the alternative within one run.
+std::vector<gbench_series> gbench_runs(const run_result& run) {
+  std::vector<gbench_series> out;
+  for (const measurement& row : run.rows) {
+    if (!row.available || row.calls == 0) continue;
+    gbench_series g;
+    g.name = row.method->name;
+    if (!row.cpus.empty()) {
+      g.threads = static_cast<int>(row.cpus.size());
+      g.name += "/threads:" + std::to_string(g.threads);
+    }
+    g.iterations = row.calls;
+    for (const double e : row.elapsed_ns) g.ns.push_back(e / static_cast<double>(row.calls));
+    out.push_back(g);
   }
-  const bool ok = std::fwrite(s.data(), 1, s.size(), f) == s.size();
-  if (std::fclose(f) != 0 || !ok) {
-    *error = "cannot write " + path + ": " + std::strerror(errno);
-    return false;
+  for (const structure_row& row : run.structures) {
+    for (const bool rseq : {true, false}) {
+      const structure_mode& m = rseq ? row.with_rseq : row.without_rseq;
+      for (const bool percpu_side : {true, false}) {
+        const structure_side& side = percpu_side ? m.percpu : m.alternative;
+        if (!m.available || !side.available) continue;
+        gbench_series g;
+        g.name = std::string(row.kind->name) + (percpu_side ? "/percpu" : "/alternative") +
+                 (rseq ? "/rseq" : "/no_rseq") + "/threads:" + std::to_string(row.threads);
+        g.threads = row.threads;
+        g.iterations = side.calls;
+        g.ns = side.ns_per_op;
+        out.push_back(g);
+      }
+    }
   }
-  return true;
+  return out;
+}
+
+// As Google Benchmark computes its aggregates: the mean, the median and the
+// sample standard deviation (0 for a single repetition).
+double mean_of(const std::vector<double>& v) {
+  double sum = 0;
+  for (const double x : v) sum += x;
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+double stddev_of(const std::vector<double>& v) {
+  if (v.size() < 2) return 0;
+  const double m = mean_of(v);
+  double sq = 0;
+  for (const double x : v) sq += (x - m) * (x - m);
+  return std::sqrt(sq / static_cast<double>(v.size() - 1));
+}
+
+}  // namespace
+
+bool write_gbench_json(const run_result& run, const std::string& path, std::string* error) {
+  const environment& e = run.env;
+  json context = {
+      {"date", e.date},
+      {"executable", run.opts.argv.empty() ? std::string("percpu-bench") : run.opts.argv[0]},
+      {"num_cpus", e.cpus_online},
+      {"library_build_type", e.optimized ? "release" : "debug"},
+      {"json_schema_version", 1},
+      {"percpu_bench_clock",
+       run.opts.clock == "wall" ? "wall (CLOCK_MONOTONIC)" : "the measuring thread's CPU time"},
+      {"percpu_bench_note",
+       "percpu-bench times each figure on one clock: real_time and cpu_time both hold it"},
+      {"cpu_model", e.cpu_model},
+      {"kernel", e.kernel + " " + e.machine},
+      {"glibc", e.glibc},
+      {"compiler", e.compiler},
+      {"rseq_owner", e.rseq_owner},
+      {"cpu_id_backend", e.cpu_id_backend}};
+  json unavailable = json::array();
+  for (const measurement& row : run.rows) {
+    if (!row.available) unavailable.push_back({{"name", row.method->name}, {"reason", row.reason}});
+  }
+  for (const structure_row& row : run.structures) {
+    for (const bool rseq : {true, false}) {
+      const structure_mode& m = rseq ? row.with_rseq : row.without_rseq;
+      if (m.available) continue;
+      unavailable.push_back({{"name", std::string(row.kind->name) +
+                                          (rseq ? "/*/rseq/threads:" : "/*/no_rseq/threads:") +
+                                          std::to_string(row.threads)},
+                             {"reason", m.reason}});
+    }
+  }
+  context["percpu_bench_unavailable"] = std::move(unavailable);
+
+  json benchmarks = json::array();
+  int family = 0;
+  for (const gbench_series& g : gbench_runs(run)) {
+    const int repetitions = static_cast<int>(g.ns.size());
+    auto entry = [&](const std::string& name, const char* aggregate, int index,
+                     std::uint64_t iterations, double ns) {
+      json b = {{"name", name},
+                {"family_index", family},
+                {"per_family_instance_index", 0},
+                {"run_name", g.name},
+                {"run_type", aggregate == nullptr ? "iteration" : "aggregate"},
+                {"repetitions", repetitions}};
+      if (aggregate == nullptr) b["repetition_index"] = index;
+      b["threads"] = g.threads;
+      if (aggregate != nullptr) {
+        b["aggregate_name"] = aggregate;
+        b["aggregate_unit"] = "time";
+      }
+      b["iterations"] = iterations;
+      b["real_time"] = json_number(ns);
+      b["cpu_time"] = json_number(ns);
+      b["time_unit"] = "ns";
+      benchmarks.push_back(std::move(b));
+    };
+    for (int i = 0; i < repetitions; ++i) {
+      entry(g.name, nullptr, i, g.iterations, g.ns[static_cast<std::size_t>(i)]);
+    }
+    // Google Benchmark adds the aggregates only after more than one
+    // repetition; their "iterations" is the number of repetitions.
+    if (repetitions > 1) {
+      const auto reps = static_cast<std::uint64_t>(repetitions);
+      entry(g.name + "_mean", "mean", 0, reps, mean_of(g.ns));
+      entry(g.name + "_median", "median", 0, reps, median(g.ns));
+      entry(g.name + "_stddev", "stddev", 0, reps, stddev_of(g.ns));
+    }
+    ++family;
+  }
+  json doc;
+  doc["context"] = std::move(context);
+  doc["benchmarks"] = std::move(benchmarks);
+  return write_file(path, dump(doc), error);
 }
 
 namespace {
@@ -663,6 +841,43 @@ struct svg_bar {
   std::string colour;
   std::string note;  // after the figure
 };
+
+// A colour of the chart and what it stands for.
+struct legend_entry {
+  const char* colour;
+  const char* text;
+};
+
+constexpr const char* kPercpuColour = "#1b7f5f";
+constexpr const char* kGlibcColour = "#6b6b6b";
+constexpr const char* kLimitColour = "#2c5aa0";
+constexpr const char* kEmptyCallColour = "#b0b0b0";
+constexpr const char* kOtherColour = "#d08c2a";
+
+const std::vector<legend_entry>& seed_legend() {
+  static const std::vector<legend_entry> legend = {
+      {kPercpuColour, "percpu: cpu_id(), get_cpu_id() After"},
+      {kGlibcColour, "glibc sched_getcpu(), get_cpu_id() Before"},
+      {kOtherColour, "other ways of asking"},
+      {kLimitColour, "thread_local read (the limit)"},
+      {kEmptyCallColour, "empty noinline call"}};
+  return legend;
+}
+
+const std::vector<legend_entry>& structure_legend() {
+  static const std::vector<legend_entry> legend = {{kPercpuColour, "percpu's structure"},
+                                                   {kGlibcColour, "the alternative it replaces"}};
+  return legend;
+}
+
+const char* svg_colour(const measurement& row) {
+  const std::string name = row.method->name;
+  if (name == "cpu_id" || name == "get_cpu_id_after") return kPercpuColour;
+  if (row.method->is_baseline || name == "get_cpu_id_before") return kGlibcColour;
+  if (row.method->is_limit) return kLimitColour;
+  if (name == "empty_call") return kEmptyCallColour;
+  return kOtherColour;
+}
 
 std::vector<svg_bar> seed_bars(const run_result& run) {
   std::vector<svg_bar> bars;
@@ -721,9 +936,10 @@ std::vector<svg_bar> structure_svg_bars(const run_result& run) {
           b.lo = side.min();
           b.hi = side.max();
         }
-        b.colour = percpu_side ? "#1b7f5f" : "#6b6b6b";
-        if (percpu_side && m.ratio(*row.kind) > 0) {
-          b.note = format(" (ratio %.2fx)", m.ratio(*row.kind));
+        b.colour = percpu_side ? kPercpuColour : kGlibcColour;
+        const goal_check c = check_goal(row, rseq);
+        if (percpu_side && c.measured()) {
+          b.note = format(" (ratio %.2fx, goal %.2fx: %s)", c.ratio, c.goal, c.verdict());
         }
         bars.push_back(b);
       }
@@ -732,28 +948,71 @@ std::vector<svg_bar> structure_svg_bars(const run_result& run) {
   return bars;
 }
 
+// The chart's linear axis: from 0 to `end`, with ticks every `step`. Bars
+// far longer than the typical one (a system call beside a load) would
+// squeeze every other bar to a few pixels, so they run past a marked break
+// instead, their figure printed as for every bar.
+struct linear_axis {
+  double end = 1;
+  double step = 0.2;
+};
+
+linear_axis choose_axis(const std::vector<svg_bar>& bars) {
+  std::vector<double> values;
+  for (const svg_bar& b : bars) {
+    if (!b.heading && b.available && b.value > 0) values.push_back(b.value);
+  }
+  linear_axis axis;
+  if (values.empty()) return axis;
+  // The axis ends a little past the longest bar that is not far longer
+  // than the typical one; a whisker beyond the end is cut and its figure
+  // printed.
+  const double within = 4 * median(values);
+  double top = 0;
+  for (const double v : values) {
+    if (v <= within) top = std::max(top, v);
+  }
+  top *= 1.05;
+  // A step of 1, 2 or 5 times a power of ten, for at most 5 steps to the end.
+  const double raw = top / 5;
+  const double decade = std::pow(10.0, std::floor(std::log10(raw)));
+  axis.step = decade * (raw <= decade ? 1 : raw <= 2 * decade ? 2 : raw <= 5 * decade ? 5 : 10);
+  axis.end = std::ceil(top / axis.step - 1e-9) * axis.step;
+  return axis;
+}
+
+std::string tick_label(double v) { return format("%g ns", v); }
+
+constexpr int kLegendY = 100, kLegendLine = 20;
+
+// How many lines write_svg's legend takes at this width (the same layout).
+int legend_lines(const std::vector<legend_entry>& legend, int width) {
+  int lx = 20, lines = 1;
+  for (const legend_entry& l : legend) {
+    const int w = 19 + 7 * static_cast<int>(std::strlen(l.text)) + 24;
+    if (lx > 20 && lx + w > width - 20) lx = 20, ++lines;
+    lx += w;
+  }
+  return lx + 100 > width - 20 ? lines + 1 : lines;
+}
+
 }  // namespace
 
 bool write_svg(const run_result& run, const std::string& path, std::string* error) {
   const std::vector<svg_bar> bars = run.opts.structures ? structure_svg_bars(run) : seed_bars(run);
-  double lo = 1e300, hi = 0;
-  for (const svg_bar& b : bars) {
-    if (b.heading || !b.available) continue;
-    lo = std::min(lo, b.lo);
-    hi = std::max(hi, b.hi);
-  }
-  if (hi <= 0) lo = 0.1, hi = 1;
-  const double log_lo = std::floor(std::log10(lo));
-  const double log_hi = std::max(log_lo + 1, std::ceil(std::log10(hi)));
+  const std::vector<legend_entry>& legend =
+      run.opts.structures ? structure_legend() : seed_legend();
+  const linear_axis axis = choose_axis(bars);
+  bool any_broken = false;
+  for (const svg_bar& b : bars) any_broken = any_broken || (b.available && b.value > axis.end);
   const int label_w = run.opts.structures ? 470 : 330;
-  const int plot_x = label_w + 10, plot_w = 560, value_w = 200, row_h = 26, top = 112;
-  const int width = plot_x + plot_w + value_w;
+  const int plot_x = label_w + 10, plot_w = 560, break_w = any_broken ? 46 : 0;
+  const int value_w = run.opts.structures ? 420 : 220, row_h = 26;
+  const int width = plot_x + plot_w + break_w + value_w;
+  const int top = kLegendY + legend_lines(legend, width) * kLegendLine + 30;
   const int plot_h = row_h * static_cast<int>(bars.size());
   const int height = top + plot_h + 70;
-  auto x_of = [&](double v) {
-    const double f = (std::log10(std::max(v, std::pow(10.0, log_lo))) - log_lo) / (log_hi - log_lo);
-    return plot_x + f * plot_w;
-  };
+  auto x_of = [&](double v) { return plot_x + std::min(v, axis.end) / axis.end * plot_w; };
   std::string s = format(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
@@ -762,9 +1021,9 @@ bool write_svg(const run_result& run, const std::string& path, std::string* erro
       width, height, width, height);
   s += run.opts.structures
            ? "<text x=\"20\" y=\"30\" font-size=\"19\" font-weight=\"bold\">percpu-bench "
-             "--structures: nanoseconds per operation (log scale, shorter is faster)</text>\n"
+             "--structures: nanoseconds per operation (shorter is faster)</text>\n"
            : "<text x=\"20\" y=\"30\" font-size=\"19\" font-weight=\"bold\">percpu-bench: "
-             "which CPU am I on? Nanoseconds per call (log scale, shorter is faster)</text>\n";
+             "which CPU am I on? Nanoseconds per call (shorter is faster)</text>\n";
   s += "<text x=\"20\" y=\"52\" font-size=\"12\" fill=\"#444\">" +
        xml_escape(run.env.cpu_model + ", " + run.env.kernel + " " + run.env.machine + ", glibc " +
                   run.env.glibc + ", " + run.env.date) +
@@ -775,17 +1034,53 @@ bool write_svg(const run_result& run, const std::string& path, std::string* erro
        xml_escape("rseq owner: " + run.env.rseq_owner + ", cpu_id() backend: " +
                   run.env.cpu_id_backend + ", compiler: " + run.env.compiler) +
        "</text>\n";
-  // Decade grid lines and their labels.
-  for (double d = log_lo; d <= log_hi + 1e-9; d += 1) {
-    const double x = plot_x + (d - log_lo) / (log_hi - log_lo) * plot_w;
+  s += format(
+      "<text x=\"20\" y=\"88\" font-size=\"12\" fill=\"#444\">Linear axis from 0 ns%s.%s</text>\n",
+      any_broken ? "; a bar that runs past the break (//) is longer than drawn: its figure says "
+                   "how long"
+                 : "",
+      run.opts.structures ? (std::string(" ") + kRatioMeaning + ".").c_str() : "");
+  // The legend: every colour a bar has, and what the whiskers are, in as
+  // many lines as the chart's width needs (about 7 px a character).
+  s += "<g class=\"legend\" font-size=\"12\">\n";
+  int lx = 20, ly = kLegendY;
+  for (const legend_entry& l : legend) {
+    const int w = 19 + 7 * static_cast<int>(std::strlen(l.text)) + 24;
+    if (lx > 20 && lx + w > width - 20) lx = 20, ly += kLegendLine;
+    s += format("<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"14\" fill=\"%s\"/>", lx, ly,
+                l.colour) +
+         format("<text x=\"%d\" y=\"%d\">", lx + 19, ly + 12) + xml_escape(l.text) + "</text>\n";
+    lx += w;
+  }
+  if (lx + 100 > width - 20) lx = 20, ly += kLegendLine;
+  s += format(
+      "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>"
+      "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>"
+      "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>"
+      "<text x=\"%d\" y=\"%d\">min-max</text>\n</g>\n",
+      lx, ly + 7, lx + 24, ly + 7, lx, ly + 3, lx, ly + 11, lx + 24, ly + 3, lx + 24, ly + 11,
+      lx + 30, ly + 12);
+  // Ticks and grid lines from 0 to the axis end.
+  for (int i = 0; i * axis.step <= axis.end * (1 + 1e-9); ++i) {
+    const double v = i * axis.step;
+    const double x = x_of(v);
     s += format(
-        "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#ccc\"/>\n"
-        "<text x=\"%.1f\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">%g ns</text>\n",
-        x, top - 8, x, top + plot_h, x, top + plot_h + 18, std::pow(10.0, d));
+        "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"%s\"/>\n"
+        "<text x=\"%.1f\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">%s</text>\n",
+        x, top - 8, x, top + plot_h, i == 0 ? "#444" : "#ccc", x, top + plot_h + 18,
+        tick_label(v).c_str());
+  }
+  if (any_broken) {
+    const int bx = plot_x + plot_w + break_w / 2;
+    s += format(
+        "<text x=\"%d\" y=\"%d\" font-size=\"14\" text-anchor=\"middle\">//</text>\n"
+        "<text x=\"%d\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\" fill=\"#444\">"
+        "break</text>\n",
+        bx, top + plot_h + 18, bx, top + plot_h + 32);
   }
   s += format(
       "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\" fill=\"#444\">"
-      "ns per %s, log scale</text>\n",
+      "ns per %s, linear scale</text>\n",
       plot_x + plot_w / 2, top + plot_h + 38, run.opts.structures ? "operation" : "call");
   int y = top;
   for (const svg_bar& b : bars) {
@@ -805,32 +1100,40 @@ bool write_svg(const run_result& run, const std::string& path, std::string* erro
       y += row_h;
       continue;
     }
-    const double x_end = x_of(b.value);
+    const bool broken = b.value > axis.end;
+    double x_end = broken ? plot_x + plot_w + break_w : x_of(b.value);
     s += format(
-        "<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n"
-        "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n"
-        "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n"
-        "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n",
-        plot_x, y + 4, std::max(1.0, x_end - plot_x), row_h - 8, b.colour.c_str(), x_of(b.lo), mid,
-        x_of(b.hi), mid, x_of(b.lo), mid - 4, x_of(b.lo), mid + 4, x_of(b.hi), mid - 4, x_of(b.hi),
-        mid + 4);
-    s += format("<text x=\"%.1f\" y=\"%d\" font-size=\"12\">", std::max(x_end, x_of(b.hi)) + 6,
-                mid + 4) +
-         xml_escape(format_ns(b.value) + " ns" + b.note) + "</text>\n";
+        "<rect class=\"bar%s\" x=\"%d\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\"/>\n",
+        broken ? " broken" : "", plot_x, y + 4, x_end - plot_x, row_h - 8, b.colour.c_str());
+    if (broken) {
+      // The cut: a white slash through the bar where the axis breaks.
+      const int cx = plot_x + plot_w + break_w / 2;
+      s += format("<polygon points=\"%d,%d %d,%d %d,%d %d,%d\" fill=\"white\"/>\n", cx - 6,
+                  y + row_h - 2, cx, y + row_h - 2, cx + 6, y + 2, cx, y + 2);
+    } else {
+      // Whiskers: min to max, cut at the axis end when the max lies beyond.
+      const bool clipped = b.hi > axis.end;
+      s += format(
+          "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n"
+          "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n",
+          x_of(b.lo), mid, x_of(b.hi), mid, x_of(b.lo), mid - 4, x_of(b.lo), mid + 4);
+      if (!clipped) {
+        s += format("<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n",
+                    x_of(b.hi), mid - 4, x_of(b.hi), mid + 4);
+      }
+      x_end = std::max(x_end, x_of(b.hi));
+    }
+    // A cut bar's length is its figure; a whisker cut at the axis end says
+    // where it ends.
+    const bool whisker_cut = !broken && b.hi > axis.end;
+    s += format("<text x=\"%.1f\" y=\"%d\" font-size=\"12\">", x_end + 6, mid + 4) +
+         xml_escape(format_ns(b.value) + " ns" + b.note +
+                    (whisker_cut ? " (max " + format_ns(b.hi) + " ns)" : "")) +
+         "</text>\n";
     y += row_h;
   }
   s += "</svg>\n";
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) {
-    *error = "cannot write " + path + ": " + std::strerror(errno);
-    return false;
-  }
-  const bool ok = std::fwrite(s.data(), 1, s.size(), f) == s.size();
-  if (std::fclose(f) != 0 || !ok) {
-    *error = "cannot write " + path + ": " + std::strerror(errno);
-    return false;
-  }
-  return true;
+  return write_file(path, s, error);
 }
 
 }  // namespace bench

@@ -113,8 +113,8 @@ std::string line_starting(const std::string& text, const std::string& label) {
 TEST(PercpuBenchCli, HelpListsEveryOptionAndExitsZero) {
   const run_output r = bench({"--help"});
   EXPECT_EQ(r.status, 0);
-  for (const char* flag :
-       {"--calls", "--repetitions", "--threads", "--clock", "--only", "--json", "--svg"}) {
+  for (const char* flag : {"--calls", "--repetitions", "--threads", "--clock", "--only", "--json",
+                           "--svg", "--gbench-json"}) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag << " missing from:\n" << r.out;
   }
   EXPECT_EQ(r.out.find("--internal-child"), std::string::npos) << "the child mode is internal";
@@ -139,16 +139,56 @@ TEST_P(PercpuBenchBadInput, ClearErrorUsageAndExitTwo) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, PercpuBenchBadInput,
-    ::testing::Values(
-        bad_input{{"--bogus"}, "--bogus"}, bad_input{{"--calls", "0"}, "--calls"},
-        bad_input{{"--calls", "abc"}, "abc"}, bad_input{{"--calls", "-5"}, "-5"},
-        bad_input{{"--calls", "1e3x"}, "1e3x"}, bad_input{{"--calls"}, "--calls"},
-        bad_input{{"--repetitions", "0"}, "--repetitions"},
-        bad_input{{"--repetitions", "two"}, "two"}, bad_input{{"--only", "nosuch"}, "nosuch"},
-        bad_input{{"--only", "cpu_id,nosuch"}, "nosuch"}, bad_input{{"stray"}, "stray"},
-        bad_input{{"--threads=maybe"}, "--threads"}, bad_input{{"--clock", "sundial"}, "sundial"},
-        bad_input{{"--json", "/nonexistent-percpu-dir/out.json"}, "/nonexistent-percpu-dir"},
-        bad_input{{"--svg", "/nonexistent-percpu-dir/out.svg"}, "/nonexistent-percpu-dir"}));
+    ::testing::Values(bad_input{{"--bogus"}, "--bogus"}, bad_input{{"--calls", "0"}, "--calls"},
+                      bad_input{{"--calls", "abc"}, "abc"}, bad_input{{"--calls", "-5"}, "-5"},
+                      bad_input{{"--calls", "1e3x"}, "1e3x"}, bad_input{{"--calls"}, "--calls"},
+                      bad_input{{"--repetitions", "0"}, "--repetitions"},
+                      bad_input{{"--repetitions", "two"}, "two"},
+                      bad_input{{"--only", "nosuch"}, "nosuch"},
+                      bad_input{{"--only", "cpu_id,nosuch"}, "nosuch"},
+                      bad_input{{"stray"}, "stray"}, bad_input{{"--threads=maybe"}, "--threads"},
+                      bad_input{{"--clock", "sundial"}, "sundial"},
+                      bad_input{{"--gbench-json"}, "--gbench-json"}));
+
+// The help promises exit status 1 when an output file cannot be written.
+// A path that cannot be written is found before anything is measured.
+class PercpuBenchUnwritable : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PercpuBenchUnwritable, ExitsOneBeforeMeasuring) {
+  const std::string flag = GetParam();
+  const run_output r = bench({"--calls", "2000", "--repetitions", "1", "--only", "cpu_id", flag,
+                              "/nonexistent-percpu-dir/out"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("percpu-bench: error: cannot write /nonexistent-percpu-dir/out: "
+                       "directory /nonexistent-percpu-dir does not exist or is not writable"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("Usage"), std::string::npos) << "not a usage error:\n" << r.err;
+  EXPECT_EQ(r.out, "") << "nothing is measured for a file that cannot be written";
+}
+
+// A file that fails only when written (a full disk): the tables are already
+// on stdout, the error names the file, and the status is still 1.
+TEST_P(PercpuBenchUnwritable, FailingAtTheEndKeepsTheTables) {
+  const std::string flag = GetParam();
+  if (access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no writable /dev/full to fill";
+  const run_output r =
+      bench({"--calls", "2000", "--repetitions", "1", "--only", "cpu_id", flag, "/dev/full"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("percpu-bench: cannot write /dev/full: No space left on device"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(line_starting(r.out, "percpu::cpu_id() (inline load):"), "") << r.out;
+  EXPECT_NE(r.out.find("Total run time:"), std::string::npos) << "the tables are whole";
+}
+
+INSTANTIATE_TEST_SUITE_P(Outputs, PercpuBenchUnwritable,
+                         ::testing::Values("--json", "--svg", "--gbench-json"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param + 2) == "gbench-json"
+                                      ? std::string("gbench_json")
+                                      : std::string(info.param + 2);
+                         });
 
 TEST(PercpuBenchCli, OnlyMeasuresTheNamedRows) {
   const run_output r =
@@ -377,7 +417,7 @@ TEST_F(PercpuBenchFullRun, SvgNamesEveryRow) {
   const std::string svg = read_file(*svg_path_);
   EXPECT_EQ(svg.compare(0, 5, "<?xml"), 0);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
-  EXPECT_NE(svg.find("log scale"), std::string::npos);
+  EXPECT_NE(svg.find("linear scale"), std::string::npos);
   for (const json& m : root_->at("methods")) {
     if (m.at("available").get<bool>()) {
       EXPECT_NE(svg.find(two_decimals(m.at("ns_per_call").get<double>()) + " ns"),
@@ -407,6 +447,56 @@ TEST_F(PercpuBenchFullRun, PythonParsesJsonAndSvg) {
                                 *json_path_, *svg_path_});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, "ok\n");
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// --gbench-json: Google Benchmark's own tools/compare.py reads the run. Its
+// "filters" mode sets two rows of one run against each other; --dump_to_json
+// writes what it compared, which must be the figures percpu-bench wrote.
+
+TEST(PercpuBenchGbench, CompareReadsTheRun) {
+#if !defined(PERCPU_GBENCH_COMPARE) || !defined(PERCPU_GBENCH_PYTHON)
+  GTEST_SKIP() << "Google Benchmark's compare.py (Debian: libbenchmark-tools) or a Python 3 "
+                  "with scipy (python3-scipy) was not found at configure time: the format is "
+                  "checked field by field in percpu_bench_report_test only";
+#else
+  const std::string path = temp_path("percpu_bench_gbench");
+  const std::string diff_path = temp_path("percpu_bench_gbench_diff");
+  const run_output r = bench({"--calls", "20000", "--repetitions", "3", "--only",
+                              "cpu_id,thread_local", "--gbench-json", path});
+  ASSERT_EQ(r.status, 0) << r.err;
+  json written;
+  ASSERT_TRUE(parse_json(read_file(path), &written)) << read_file(path);
+  const run_output c =
+      run(PERCPU_GBENCH_PYTHON, {PERCPU_GBENCH_COMPARE, "--no-utest", "--no-color", "-d", diff_path,
+                                 "filters", path, "cpu_id", "thread_local"});
+  json diff;
+  const bool parsed = parse_json(read_file(diff_path), &diff);
+  unlink(path.c_str());
+  unlink(diff_path.c_str());
+  ASSERT_EQ(c.status, 0) << c.out << c.err;
+  EXPECT_NE(c.out.find("[cpu_id vs. thread_local]"), std::string::npos) << c.out;
+  ASSERT_TRUE(parsed);
+  std::map<std::string, std::vector<double> > times;  // run name -> cpu_time per repetition
+  for (const json& b : written.at("benchmarks")) {
+    if (b.at("run_type") == "iteration") {
+      times[b.at("name").get<std::string>()].push_back(b.at("cpu_time").get<double>());
+    }
+  }
+  bool compared = false;
+  for (const json& d : diff) {
+    if (d.at("name") != "[cpu_id vs. thread_local]") continue;
+    compared = true;
+    ASSERT_EQ(d.at("measurements").size(), 3u);
+    for (std::size_t i = 0; i < 3; ++i) {
+      const json& m = d.at("measurements")[i];
+      EXPECT_DOUBLE_EQ(m.at("cpu_time").get<double>(), times["cpu_id"][i]);
+      EXPECT_DOUBLE_EQ(m.at("cpu_time_other").get<double>(), times["thread_local"][i]);
+      EXPECT_DOUBLE_EQ(m.at("real_time").get<double>(), times["cpu_id"][i]);
+    }
+  }
+  EXPECT_TRUE(compared) << c.out;
 #endif
 }
 
