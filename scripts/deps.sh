@@ -7,7 +7,9 @@
 #                nlohmann-json for percpu-bench's JSON),
 #         clang, valgrind, aarch64 (cross compiler, qemu-user, qemu-system),
 #         allocators (jemalloc, gperftools' tcmalloc),
-#         sync (TBB and liburcu, the benchmarks of shared_mutex and ref).
+#         sync (TBB and liburcu, the benchmarks of shared_mutex and ref),
+#         gbench-tools (Google Benchmark's compare.py and the scipy it needs:
+#                percpu_bench_test runs it on percpu-bench --gbench-json).
 set -euo pipefail
 
 packages=()
@@ -20,6 +22,7 @@ for group in "$@"; do
     aarch64) packages+=(g++-aarch64-linux-gnu qemu-user qemu-system-arm cpio) ;;
     allocators) packages+=(libjemalloc-dev libgoogle-perftools-dev) ;;
     sync) packages+=(libtbb-dev liburcu-dev) ;;
+    gbench-tools) packages+=(libbenchmark-tools python3-scipy) ;;
     *) echo "deps.sh: unknown group '$group'" >&2; exit 2 ;;
   esac
 done

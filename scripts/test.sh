@@ -60,6 +60,7 @@ for l in "${lanes[@]}"; do
   esac
 done
 groups+=(allocators sync aarch64)  # benchmarks link the allocators, TBB and liburcu; the aarch64 probe is always checked
+groups+=(gbench-tools)  # percpu_bench_test reads percpu-bench's Google Benchmark JSON with compare.py
 "$root/scripts/deps.sh" "${groups[@]}" || exit 1
 
 # The build and test configurations of the lanes that run ctest live in
