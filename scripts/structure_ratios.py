@@ -10,6 +10,8 @@ cpu_time of the benchmark whose name matches the NUMERATOR regex by that of
 the DENOMINATOR one, and prints the median of those per-run ratios with the
 median times. CPU time, not wall time: on a shared machine the wall clock
 counts other programs' time too. A run that crashes is skipped and reported.
+Give the alternative as NUMERATOR and percpu's benchmark as DENOMINATOR, the
+direction percpu-bench --structures prints: above 1, percpu is faster.
 """
 import json
 import re
