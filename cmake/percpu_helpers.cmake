@@ -6,7 +6,8 @@
 #   percpu_cc_benchmark(NAME name SRCS ... [DEPS ...])
 #   percpu_add_mode_tests(TARGET t [ARGS ...] [TIMEOUT s] [LABELS ...])
 #       registers t three more times, once per rseq mode, each asserting the
-#       mode it ran in: t.glibc (glibc owns rseq), t.own (percpu registers,
+#       mode it ran in (owner, backend, percpu::sections_status()): t.glibc
+#       (glibc owns rseq), t.own (percpu registers,
 #       GLIBC_TUNABLES=glibc.pthread.rseq=0) and t.fallback (rseq fails with
 #       ENOSYS under a seccomp filter).
 #   percpu_check_sections(target...)
@@ -164,13 +165,15 @@ function(percpu_add_mode_tests)
   if(PERCPU_HAVE_GLIBC_RSEQ)
     percpu_add_test(NAME ${M_TARGET}.glibc COMMAND ${_command} ${M_ARGS} MODE glibc
       LABELS ${M_LABELS} TIMEOUT ${M_TIMEOUT}
-      ENV PERCPU_EXPECT_OWNER=glibc PERCPU_EXPECT_BACKEND=rseq)
+      ENV PERCPU_EXPECT_OWNER=glibc PERCPU_EXPECT_BACKEND=rseq PERCPU_EXPECT_SECTIONS=on)
   endif()
   percpu_add_test(NAME ${M_TARGET}.own COMMAND ${_command} ${M_ARGS} MODE own
     LABELS ${M_LABELS} TIMEOUT ${M_TIMEOUT}
-    ENV GLIBC_TUNABLES=glibc.pthread.rseq=0 PERCPU_EXPECT_OWNER=percpu PERCPU_EXPECT_BACKEND=rseq)
+    ENV GLIBC_TUNABLES=glibc.pthread.rseq=0 PERCPU_EXPECT_OWNER=percpu PERCPU_EXPECT_BACKEND=rseq
+        PERCPU_EXPECT_SECTIONS=on)
   percpu_test_command(_seccomp seccomp_exec)
   percpu_add_test(NAME ${M_TARGET}.fallback
     COMMAND ${_seccomp} ENOSYS $<TARGET_FILE:${M_TARGET}> ${M_ARGS} MODE fallback
-    LABELS ${M_LABELS} TIMEOUT ${M_TIMEOUT} ENV PERCPU_EXPECT_OWNER=none)
+    LABELS ${M_LABELS} TIMEOUT ${M_TIMEOUT} ENV PERCPU_EXPECT_OWNER=none
+    PERCPU_EXPECT_SECTIONS=no_rseq)
 endfunction()

@@ -1,7 +1,8 @@
 // The public face of percpu/cpu.hpp: names and max_cpus(). Start-up,
 // registration, the slow paths behind cpu_id() and the queries that read the
 // registration state (backend(), fallback_backend(), rseq_ownership(),
-// rseq_feature_size()) are in percpu/internal/registration.cpp.
+// rseq_feature_size(), sections_status()) are in
+// percpu/internal/registration.cpp.
 
 #include "percpu/cpu.hpp"
 
@@ -27,6 +28,20 @@ const char* to_string(rseq_owner owner) noexcept {
     case rseq_owner::glibc: return "glibc";
     case rseq_owner::percpu: return "percpu";
     case rseq_owner::other: return "other";
+  }
+  return "unknown";
+}
+
+const char* to_string(sections status) noexcept {
+  switch (status) {
+    case sections::on: return "on";
+    case sections::no_rseq: return "no_rseq";
+    case sections::foreign_signature: return "foreign_signature";
+    case sections::kernel_quirk: return "kernel_quirk";
+    case sections::disabled_by_environment: return "disabled_by_environment";
+    case sections::unsupported_arch: return "unsupported_arch";
+    case sections::fallback_forced: return "fallback_forced";
+    case sections::starting: return "starting";
   }
   return "unknown";
 }

@@ -28,6 +28,13 @@
 //   Nothing here aborts. If even the system call fails, cpu_id() returns 0,
 //   which is still a valid index (percpu_sched_getcpu() reports -1 instead).
 //
+// Is the per-CPU mode on?
+//   backend() and rseq_ownership() say where cpu_id() reads; sections_status()
+//   says whether the per-CPU structures run rseq critical sections for the
+//   calling thread, and why not when they do not (no rseq, another library's
+//   signature, an affected arm64 kernel, PERCPU_RSEQ_SECTIONS=off...). It is
+//   what the structures themselves act on. percpu-bench prints it.
+//
 // Thread safety and signals
 //   Every function here is thread-safe and async-signal-safe, works in a
 //   forked child, and none of them changes errno. They work from the first
@@ -105,6 +112,38 @@ rseq_owner rseq_ownership() noexcept;
 unsigned rseq_feature_size() noexcept;
 // The fallback used by threads without rseq.
 cpu_backend fallback_backend() noexcept;
+
+// Whether the per-CPU structures (counter, free_list, object_pool, ref,
+// shared_mutex) run rseq critical sections for the calling thread, and why
+// not when they do not. Without sections they stay correct, on atomics and
+// locked slots instead (see each header), and cost more.
+enum class sections {
+  on,                       // the structures commit with plain stores in sections
+  no_rseq,                  // this thread has no rseq registration: the kernel has
+                            // none (ENOSYS), seccomp refused it (ENOSYS, EPERM),
+                            // valgrind or qemu-user, or another library's area
+                            // that percpu cannot find
+  foreign_signature,        // another library registered this thread with a
+                            // signature that is not percpu's
+  kernel_quirk,             // an arm64 kernel that may not abort a section
+                            // preempted and resumed on the same CPU (README's
+                            // kernel table); PERCPU_RSEQ_SECTIONS=on overrides
+  disabled_by_environment,  // PERCPU_RSEQ_SECTIONS=off
+  unsupported_arch,         // percpu has no critical sections for this architecture
+  fallback_forced,          // PERCPU_BACKEND names a fallback (rdpid, vdso, syscall)
+  starting,                 // asked while another call runs percpu's start-up (a
+                            // signal handler interrupting it); ask again
+};
+// "on", "no_rseq", "foreign_signature"...: the enumerator's name.
+const char* to_string(sections status) noexcept;
+
+// What the structures decide for the calling thread, registering it first if
+// that is due: the answer comes from the code that hands them their rseq area,
+// not from a second look at the environment. Where several reasons hold, the
+// process-wide ones (architecture, PERCPU_RSEQ_SECTIONS, the kernel) are named
+// before the thread's own (a forced fallback, no registration, a foreign
+// signature). cpu_id() reads rseq whenever backend() says rseq, sections or not.
+sections sections_status() noexcept;
 
 namespace internal {
 

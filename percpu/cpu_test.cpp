@@ -4,6 +4,8 @@
 // Environment (set by the ctest variants in percpu/CMakeLists.txt):
 //   PERCPU_EXPECT_OWNER   glibc | percpu | none: the rseq owner this run must see
 //   PERCPU_EXPECT_BACKEND the backend the main thread must be served by
+//   PERCPU_EXPECT_SECTIONS what sections_status() must say for the main thread
+//                         (tests/support/expected_sections.hpp)
 
 #include "percpu/cpu.hpp"
 
@@ -34,7 +36,9 @@
 #include "percpu/internal/environment.hpp"
 #include "percpu/internal/fallback.hpp"
 #include "percpu/internal/registration.hpp"
+#include "percpu/internal/rseq_cs.hpp"
 #include "percpu/percpu.h"
+#include "tests/support/expected_sections.hpp"
 #include "tools/seccomp_deny_rseq.hpp"
 
 namespace percpu {
@@ -186,6 +190,61 @@ TEST(CpuMode, PrintedAndAsExpected) {
   if (backend() == cpu_backend::rseq) {
     EXPECT_GE(rseq_feature_size(), 20u);
   }
+}
+
+// The public answer to "do the structures run rseq sections here?" is what
+// the structures get: an area exactly when it says on, in every variant
+// (PERCPU_EXPECT_SECTIONS says which answer the variant must give), on this
+// thread and on a new one, and the C API says the same.
+TEST(SectionsStatus, IsWhatTheStructuresGetInThisMode) {
+  const sections status = sections_status();
+  std::printf("sections: %s (owner=%s backend=%s)\n", to_string(status),
+              to_string(rseq_ownership()), to_string(backend()));
+  EXPECT_EQ(status == sections::on, internal::rseq_area_for_sections() != nullptr)
+      << to_string(status);
+  EXPECT_EQ(status == sections::on, internal::registered_rseq_area() != nullptr)
+      << to_string(status);
+  if (const char* want = std::getenv("PERCPU_EXPECT_SECTIONS")) {
+    sections thread_reason = sections::on;
+    ASSERT_TRUE(test::parse_sections(want, &thread_reason)) << want;
+    EXPECT_STREQ(to_string(status), to_string(test::expected_sections(thread_reason)));
+  }
+  EXPECT_EQ(static_cast<int>(percpu_sections_status()), static_cast<int>(status));
+  EXPECT_STREQ(percpu_sections_name(percpu_sections_status()), to_string(status));
+  EXPECT_STREQ(percpu_rseq_owner_name(), to_string(rseq_ownership()));
+  EXPECT_STREQ(percpu_backend_name(), to_string(backend()));
+  sections in_new_thread = sections::starting;
+  bool new_thread_gets_area = false;
+  std::thread([&] {
+    in_new_thread = sections_status();
+    new_thread_gets_area = internal::rseq_area_for_sections() != nullptr;
+  }).join();
+  EXPECT_EQ(in_new_thread == sections::on, new_thread_gets_area) << to_string(in_new_thread);
+  EXPECT_EQ(in_new_thread, status) << "every thread of this variant is in the same mode";
+}
+
+TEST(SectionsStatus, NamesEveryAnswer) {
+  const struct {
+    sections value;
+    enum percpu_sections c_value;
+    const char* name;
+  } answers[] = {
+      {sections::on, PERCPU_SECTIONS_ON, "on"},
+      {sections::no_rseq, PERCPU_SECTIONS_NO_RSEQ, "no_rseq"},
+      {sections::foreign_signature, PERCPU_SECTIONS_FOREIGN_SIGNATURE, "foreign_signature"},
+      {sections::kernel_quirk, PERCPU_SECTIONS_KERNEL_QUIRK, "kernel_quirk"},
+      {sections::disabled_by_environment, PERCPU_SECTIONS_DISABLED_BY_ENVIRONMENT,
+       "disabled_by_environment"},
+      {sections::unsupported_arch, PERCPU_SECTIONS_UNSUPPORTED_ARCH, "unsupported_arch"},
+      {sections::fallback_forced, PERCPU_SECTIONS_FALLBACK_FORCED, "fallback_forced"},
+      {sections::starting, PERCPU_SECTIONS_STARTING, "starting"},
+  };
+  for (const auto& a : answers) {
+    EXPECT_STREQ(to_string(a.value), a.name);
+    EXPECT_STREQ(percpu_sections_name(a.c_value), a.name);
+  }
+  EXPECT_STREQ(percpu_sections_name(static_cast<enum percpu_sections>(99)), "unknown");
+  EXPECT_STREQ(percpu_sections_name(static_cast<enum percpu_sections>(-1)), "unknown");
 }
 
 // Fastest correct first: the order cpu.hpp promises. Runs in every variant
@@ -621,12 +680,15 @@ TEST(CpuPerThread, OneThreadDeniedRseqLeavesTheOthersOnRseq) {
       EXPECT_GE(cpu_id(), 0);
       EXPECT_NE(backend(), cpu_backend::rseq);
       EXPECT_EQ(rseq_ownership(), rseq_owner::none) << "as seen from the denied thread";
+      EXPECT_STREQ(to_string(sections_status()),
+                   to_string(test::expected_sections(sections::no_rseq)));
     });
     denied.join();
     std::thread later([] {
       EXPECT_EQ(backend(), cpu_backend::rseq) << "a later thread must still register";
       EXPECT_EQ(rseq_ownership(), rseq_owner::percpu);
       EXPECT_EQ(internal::rseq_registration_error(), 0);
+      EXPECT_STREQ(to_string(sections_status()), to_string(test::expected_sections(sections::on)));
     });
     later.join();
   }

@@ -8,6 +8,19 @@
 #include "percpu/internal/fallback.hpp"
 #include "percpu/internal/registration.hpp"
 
+// The C values are the C++ enumerators' (percpu_sections_status() converts).
+#define PERCPU_SAME_SECTIONS(c, cxx) \
+  static_assert(static_cast<int>(c) == static_cast<int>(percpu::sections::cxx), #c)
+PERCPU_SAME_SECTIONS(PERCPU_SECTIONS_ON, on);
+PERCPU_SAME_SECTIONS(PERCPU_SECTIONS_NO_RSEQ, no_rseq);
+PERCPU_SAME_SECTIONS(PERCPU_SECTIONS_FOREIGN_SIGNATURE, foreign_signature);
+PERCPU_SAME_SECTIONS(PERCPU_SECTIONS_KERNEL_QUIRK, kernel_quirk);
+PERCPU_SAME_SECTIONS(PERCPU_SECTIONS_DISABLED_BY_ENVIRONMENT, disabled_by_environment);
+PERCPU_SAME_SECTIONS(PERCPU_SECTIONS_UNSUPPORTED_ARCH, unsupported_arch);
+PERCPU_SAME_SECTIONS(PERCPU_SECTIONS_FALLBACK_FORCED, fallback_forced);
+PERCPU_SAME_SECTIONS(PERCPU_SECTIONS_STARTING, starting);
+#undef PERCPU_SAME_SECTIONS
+
 extern "C" {
 
 // The inline fast paths are safe from the first constructor on (their bounds
@@ -35,5 +48,16 @@ int percpu_sched_getcpu(void) {
 }
 
 const char* percpu_backend_name(void) { return percpu::to_string(percpu::backend()); }
+
+const char* percpu_rseq_owner_name(void) { return percpu::to_string(percpu::rseq_ownership()); }
+
+enum percpu_sections percpu_sections_status(void) {
+  return static_cast<enum percpu_sections>(percpu::sections_status());
+}
+
+const char* percpu_sections_name(enum percpu_sections status) {
+  if (status < PERCPU_SECTIONS_ON || status > PERCPU_SECTIONS_STARTING) return "unknown";
+  return percpu::to_string(static_cast<percpu::sections>(status));
+}
 
 }  // extern "C"

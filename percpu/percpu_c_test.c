@@ -28,7 +28,18 @@ int main(void) {
     }
     checked++;
   }
-  printf("C API checked on %d CPUs, backend %s: %d passed, %d failed\n", checked,
-         percpu_backend_name(), checked - failures, failures);
+  /* The mode queries name a value from their lists. */
+  const enum percpu_sections sections = percpu_sections_status();
+  if (strcmp(percpu_sections_name(sections), "unknown") == 0 ||
+      (strcmp(percpu_rseq_owner_name(), "none") != 0 &&
+       strcmp(percpu_rseq_owner_name(), "glibc") != 0 &&
+       strcmp(percpu_rseq_owner_name(), "percpu") != 0 &&
+       strcmp(percpu_rseq_owner_name(), "other") != 0)) {
+    fprintf(stderr, "C API mode queries name no known value\n");
+    failures++;
+  }
+  printf("C API checked on %d CPUs, backend %s, rseq owner %s, sections %s: %d passed, %d failed\n",
+         checked, percpu_backend_name(), percpu_rseq_owner_name(), percpu_sections_name(sections),
+         checked - failures, failures);
   return failures == 0 && checked > 0 ? 0 : 1;
 }

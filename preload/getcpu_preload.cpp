@@ -26,27 +26,34 @@
 //   node. Pointers are written directly, as glibc's vDSO path does, so an
 //   invalid pointer faults instead of returning EFAULT.
 //
-// Only these two symbols are exported (getcpu_preload.map); percpu's own
-// symbols stay local, so a program linking percpu keeps its own copy.
+// Only these two symbols are exported (getcpu_preload.map), and _exit and
+// _Exit, which write the trace line (below) and then call glibc's; percpu's
+// own symbols stay local, so a program linking percpu keeps its own copy.
 //
 // Observability
 //   PERCPU_PRELOAD_TRACE=/path makes the library count its calls and, when
-//   the process exits normally (exit() or returning from main; _exit() skips
-//   it), append one line to that file:
+//   the process ends by exit(), by returning from main, or by _exit() or
+//   _Exit() called by the program (a forked child's usual way out), append
+//   one line to that file, once per process:
 //     percpu_getcpu pid=P sched_getcpu=N sched_getcpu_rseq=R getcpu=M
 //       getcpu_rseq=Q glibc_rseq=0|1 fallback=NAME
 //   where the *_rseq counts are the calls answered from an rseq area and
-//   glibc_rseq tells whether that area was glibc's. Forked children inherit
-//   the counts of their parent at the fork. Calls made before this
-//   library's constructors ran are not counted. The file is opened without
+//   glibc_rseq tells whether that area was glibc's. A process that made no
+//   call writes no line. Forked children inherit the counts of their parent
+//   at the fork. Calls made before this library's constructors ran are not
+//   counted, nor are those of a process that ends otherwise: killed by a
+//   signal, or replaced by exec*() (the new program's calls get a line of
+//   their own under the same pid). The file is opened without
 //   following a symbolic link in its last component. In a set-user-ID (or
 //   otherwise AT_SECURE) program every PERCPU_* variable is ignored: the
 //   environment is the less privileged user's, and the file would be written
 //   with the program's privileges. Untraced calls pay nothing
 //   for the feature: the one check they make, that percpu is ready, is
 //   needed anyway.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -89,6 +96,18 @@ enum mode : unsigned char { kNotReady, kReady, kReadyTracing };
 std::atomic<unsigned char> g_mode{kNotReady};
 char g_trace_path[1024];
 call_counts g_counts;
+// Taken by the constructor, so that writing the line needs no dlsym (the
+// line may be written from _exit() in a signal handler).
+int g_glibc_rseq = 0;
+// The process that wrote its line last: a process writes once, whether it
+// leaves through exit() (the destructor) or _exit() (or both, when an atexit
+// handler calls _exit()). A forked child has another pid, so it writes its own.
+std::atomic<pid_t> g_written_by{0};
+// glibc's _exit and _Exit (or whatever comes next in the lookup order), found
+// by the constructor; nullptr before it, when the system call stands in.
+using exit_function = void (*)(int);
+exit_function g_next_exit = nullptr;
+exit_function g_next_Exit = nullptr;
 
 // Negative means "not served by rseq".
 inline int rseq_cpu() noexcept { return percpu::internal::rseq_cpu_id_or_negative(); }
@@ -145,33 +164,86 @@ __attribute__((constructor(102))) void become_ready() {
       std::fprintf(stderr, "percpu_getcpu: PERCPU_PRELOAD_TRACE is too long a path; not tracing\n");
     }
   }
+  g_next_exit = reinterpret_cast<exit_function>(dlsym(RTLD_NEXT, "_exit"));
+  g_next_Exit = reinterpret_cast<exit_function>(dlsym(RTLD_NEXT, "_Exit"));
+  g_glibc_rseq = percpu::internal::glibc_registered_rseq(nullptr) ? 1 : 0;
   g_mode.store(mode, std::memory_order_release);
 }
 
-__attribute__((destructor)) void write_trace() {
+// The trace line, formatted by hand: snprintf is not async-signal-safe, and
+// _exit() may be called from a signal handler or a vfork()ed child.
+struct line_buffer {
+  char text[256];
+  std::size_t size = 0;
+  void add(const char* s) noexcept {
+    for (; *s != '\0' && size < sizeof(text); ++s) text[size++] = *s;
+  }
+  void add(unsigned long value) noexcept {
+    char digits[24];
+    int n = 0;
+    do {
+      digits[n++] = static_cast<char>('0' + value % 10);
+      value /= 10;
+    } while (value != 0);
+    while (n > 0 && size < sizeof(text)) text[size++] = digits[--n];
+  }
+};
+
+// Appends this process's line, once, if it is traced and made a call.
+// Async-signal-safe: atomics, getpid, open, write, close.
+void write_trace() noexcept {
   if (g_mode.load(std::memory_order_acquire) != kReadyTracing) return;
+  const unsigned long sched_calls = g_counts.sched_getcpu.load();
+  const unsigned long getcpu_calls = g_counts.getcpu.load();
+  if (sched_calls == 0 && getcpu_calls == 0) return;
   const int saved_errno = errno;
-  char line[256];
-  const int n = std::snprintf(
-      line, sizeof(line),
-      "percpu_getcpu pid=%ld sched_getcpu=%lu sched_getcpu_rseq=%lu getcpu=%lu getcpu_rseq=%lu "
-      "glibc_rseq=%d fallback=%s\n",
-      static_cast<long>(getpid()), g_counts.sched_getcpu.load(), g_counts.sched_getcpu_rseq.load(),
-      g_counts.getcpu.load(), g_counts.getcpu_rseq.load(),
-      percpu::internal::glibc_registered_rseq(nullptr) ? 1 : 0,
-      percpu::to_string(percpu::fallback_backend()));
+  const pid_t pid = getpid();
+  if (g_written_by.exchange(pid) == pid) {
+    errno = saved_errno;
+    return;
+  }
+  line_buffer line;
+  line.add("percpu_getcpu pid=");
+  line.add(static_cast<unsigned long>(pid));
+  line.add(" sched_getcpu=");
+  line.add(sched_calls);
+  line.add(" sched_getcpu_rseq=");
+  line.add(g_counts.sched_getcpu_rseq.load());
+  line.add(" getcpu=");
+  line.add(getcpu_calls);
+  line.add(" getcpu_rseq=");
+  line.add(g_counts.getcpu_rseq.load());
+  line.add(" glibc_rseq=");
+  line.add(static_cast<unsigned long>(g_glibc_rseq));
+  line.add(" fallback=");
+  line.add(percpu::to_string(percpu::fallback_backend()));
+  line.add("\n");
   // O_APPEND keeps the lines of a parent and its children whole; O_NOFOLLOW
   // refuses a symbolic link planted at the path.
   const int fd = open(g_trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd >= 0 && n > 0) {
-    ssize_t ignored = write(fd, line, static_cast<std::size_t>(n));
+  if (fd >= 0) {
+    ssize_t ignored = write(fd, line.text, line.size);
     (void)ignored;
+    close(fd);
   }
-  if (fd >= 0) close(fd);
   errno = saved_errno;
 }
 
+__attribute__((destructor)) void write_trace_at_exit() { write_trace(); }
+
+[[noreturn]] void leave(exit_function next, int status) noexcept {
+  write_trace();
+  if (next != nullptr) next(status);
+  for (;;) syscall(SYS_exit_group, status);
+}
+
 }  // namespace
+
+// The program's own _exit() and _Exit() (glibc's exit() reaches the kernel
+// without them, after the destructor above has run).
+extern "C" void _exit(int status) { leave(g_next_exit, status); }
+
+extern "C" void _Exit(int status) noexcept { leave(g_next_Exit, status); }
 
 extern "C" int sched_getcpu() noexcept {
   if (__builtin_expect(fast_path_ready(), 1)) {

@@ -8,7 +8,13 @@
  *                          child; errno untouched on success
  *   getcpu_probe fail      both functions fail: expects -1 and prints errno
  *   getcpu_probe idle      never calls them; registers an rseq area itself and
- *                          prints whether the kernel accepted it
+ *                          prints whether the kernel accepted it, and whether
+ *                          the preload is mapped
+ *   getcpu_probe exit-children N
+ *                          makes no call itself; forks two children that each
+ *                          make N calls of sched_getcpu() and leave, one with
+ *                          _exit(0), one with _Exit(0) (no atexit handler, no
+ *                          destructor runs)
  *   getcpu_probe loop N    times N calls of sched_getcpu(), prints ns per call
  *   getcpu_probe syscall-loop N
  *                          the same with the getcpu system call, which is what
@@ -247,7 +253,39 @@ static __thread struct probe_rseq own_rseq = {0, -1, 0, 0, 0, 0, 0};
 static int run_idle(void) {
   const long rc = syscall(SYS_rseq, &own_rseq, sizeof(own_rseq), 0, 0x53053053);
   printf("rseq registration by the program: %s\n", rc == 0 ? "accepted" : strerrorname_np(errno));
+  /* So that a run without any trace line can still show the preload was there. */
+  int mapped = 0;
+  FILE* maps = fopen("/proc/self/maps", "r");
+  char line[4096];
+  while (maps != NULL && fgets(line, sizeof(line), maps) != NULL) {
+    if (strstr(line, "libpercpu_getcpu") != NULL) mapped = 1;
+  }
+  if (maps != NULL) fclose(maps);
+  printf("preload mapped: %s\n", mapped ? "yes" : "no");
   return rc == 0 ? 0 : 1;
+}
+
+/* Children that leave without running atexit handlers or destructors. */
+static int run_exit_children(long calls) {
+  for (int use_Exit = 0; use_Exit <= 1; ++use_Exit) {
+    fflush(stdout);
+    const pid_t child = fork();
+    if (child < 0) return 2;
+    if (child == 0) {
+      for (long i = 0; i < calls; ++i) {
+        if (counted_sched_getcpu() < 0) fail("sched_getcpu() failed", -1, i);
+      }
+      print_calls();
+      if (use_Exit) _Exit(atomic_load(&failures) == 0 ? 0 : 1);
+      _exit(atomic_load(&failures) == 0 ? 0 : 1);
+    }
+    int status = 0;
+    if (waitpid(child, &status, 0) != child) return 2;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      fail("a child that leaves with _exit failed", -1, status);
+    }
+  }
+  return atomic_load(&failures) == 0 ? 0 : 1;
 }
 
 static int run_loop(long iterations, int raw_syscall) {
@@ -280,11 +318,17 @@ int main(int argc, char** argv) {
   if (argc == 2 && strcmp(argv[1], "check") == 0) return run_check();
   if (argc == 2 && strcmp(argv[1], "fail") == 0) return run_fail();
   if (argc == 2 && strcmp(argv[1], "idle") == 0) return run_idle();
+  if (argc == 3 && strcmp(argv[1], "exit-children") == 0) {
+    char* end = NULL;
+    const long n = strtol(argv[2], &end, 10);
+    if (end != argv[2] && *end == '\0' && n > 0) return run_exit_children(n);
+  }
   if (argc == 3 && (strcmp(argv[1], "loop") == 0 || strcmp(argv[1], "syscall-loop") == 0)) {
     char* end = NULL;
     const long n = strtol(argv[2], &end, 10);
     if (end != argv[2] && *end == '\0' && n > 0) return run_loop(n, argv[1][0] == 's');
   }
-  fprintf(stderr, "usage: getcpu_probe check | fail | idle | loop N | syscall-loop N\n");
+  fprintf(stderr,
+          "usage: getcpu_probe check | fail | idle | exit-children N | loop N | syscall-loop N\n");
   return 2;
 }

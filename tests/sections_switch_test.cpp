@@ -17,6 +17,7 @@
 #include "percpu/cpu.hpp"
 #include "percpu/internal/registration.hpp"
 #include "percpu/internal/rseq_cs.hpp"
+#include "tests/support/expected_sections.hpp"
 
 namespace {
 
@@ -48,6 +49,28 @@ TEST(SectionsDecision, Arm64ReleasesWithoutSameCpuAborts) {
   EXPECT_FALSE(rseq_sections_broken_on("aarch64", nullptr));
 }
 
+// Start-up's decision for the whole process, which sections_status() reports:
+// the kernel check, and PERCPU_RSEQ_SECTIONS both ways. The kernel quirk can
+// only be seen on an affected arm64 kernel, so it is checked here on the
+// release strings.
+TEST(SectionsDecision, NamesTheKernelQuirkAndTheVariable) {
+  using percpu::sections;
+  using percpu::internal::sections_decision_for;
+  EXPECT_EQ(sections_decision_for(nullptr, "aarch64", "7.0.0-14-generic"), sections::kernel_quirk);
+  EXPECT_EQ(sections_decision_for(nullptr, "aarch64", "6.19.3+deb14-arm64"),
+            sections::kernel_quirk);
+  EXPECT_EQ(sections_decision_for("bogus", "aarch64", "7.1.0-rc3"), sections::kernel_quirk)
+      << "a value other than on or off is ignored";
+  EXPECT_EQ(sections_decision_for("on", "aarch64", "7.0.0"), sections::on);
+  EXPECT_EQ(sections_decision_for("off", "aarch64", "7.0.0"), sections::disabled_by_environment);
+  EXPECT_EQ(sections_decision_for("off", "x86_64", "6.12.0"), sections::disabled_by_environment);
+  EXPECT_EQ(sections_decision_for(nullptr, "aarch64", "7.0.14"), sections::on);
+  EXPECT_EQ(sections_decision_for(nullptr, "x86_64", "7.0.0"), sections::on);
+  EXPECT_EQ(sections_decision_for(nullptr, nullptr, nullptr), sections::on)
+      << "an unknown kernel keeps sections on: the check is a denylist";
+  EXPECT_EQ(sections_decision_for("", "aarch64", "7.0.0"), sections::kernel_quirk);
+}
+
 // What PERCPU_RSEQ_SECTIONS and the running kernel say percpu must do here.
 bool expected_sections() {
   if (!percpu::internal::kArchHasRseq) return false;
@@ -62,6 +85,18 @@ bool expected_sections() {
 TEST(SectionsSwitch, ObeysTheVariableAndTheKernel) {
   const bool want = expected_sections();
   EXPECT_EQ(percpu::internal::rseq_sections_enabled(), want);
+  // The public answer names the switch (disabled_by_environment under
+  // PERCPU_RSEQ_SECTIONS=off, kernel_quirk on an affected kernel) before the
+  // thread's own reason; here the thread has rseq exactly when backend() says so.
+  const percpu::sections thread_reason = percpu::backend() == percpu::cpu_backend::rseq
+                                             ? percpu::sections::on
+                                             : percpu::sections::no_rseq;
+  EXPECT_STREQ(percpu::to_string(percpu::sections_status()),
+               percpu::to_string(percpu::test::expected_sections(thread_reason)));
+  const char* forced = std::getenv("PERCPU_RSEQ_SECTIONS");
+  if (forced != nullptr && std::strcmp(forced, "off") == 0) {
+    EXPECT_EQ(percpu::sections_status(), percpu::sections::disabled_by_environment);
+  }
   if (percpu::backend() != percpu::cpu_backend::rseq) {
     GTEST_SKIP() << "no rseq for this thread (" << percpu::to_string(percpu::backend())
                  << "): nothing to switch";

@@ -82,6 +82,7 @@ struct environment {
   unsigned rseq_feature_size = 0;
   std::string cpu_id_backend;
   std::string fallback_backend;
+  std::string rseq_sections;  // percpu::sections_status(): "on" or why not
 };
 
 // One row's figures. Times are per repetition, for `calls` calls.

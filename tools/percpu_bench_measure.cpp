@@ -386,6 +386,7 @@ environment gather_environment() {
   env.rseq_owner = to_string(rseq_ownership());
   env.rseq_feature_size = rseq_feature_size();
   env.fallback_backend = to_string(fallback_backend());
+  env.rseq_sections = to_string(sections_status());
   return env;
 }
 

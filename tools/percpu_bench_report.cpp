@@ -98,6 +98,8 @@ void print_environment(const run_result& run, std::FILE* out) {
   std::fprintf(out, "   rseq feature size:  %u\n", e.rseq_feature_size);
   std::fprintf(out, "   cpu_id() backend:   %s (fallback for threads without rseq: %s)\n",
                e.cpu_id_backend.c_str(), e.fallback_backend.c_str());
+  std::fprintf(out, "   rseq sections:      %s%s\n",
+               e.rseq_sections == "on" ? "" : "off: ", e.rseq_sections.c_str());
   std::fprintf(out, "   Date:               %s\n", e.date.c_str());
   if (run.opts.clock == "wall") {
     std::fprintf(out,
@@ -637,7 +639,8 @@ bool write_json(const run_result& run, const std::string& path, std::string* err
                         {"rseq_owner", e.rseq_owner},
                         {"rseq_feature_size", e.rseq_feature_size},
                         {"cpu_id_backend", e.cpu_id_backend},
-                        {"fallback_backend", e.fallback_backend}};
+                        {"fallback_backend", e.fallback_backend},
+                        {"rseq_sections", e.rseq_sections}};
   json methods = json::array();
   for (const measurement& row : run.rows) methods.push_back(json_row(run, row));
   doc["methods"] = std::move(methods);

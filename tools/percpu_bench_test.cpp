@@ -389,6 +389,13 @@ TEST_F(PercpuBenchFullRun, RatiosAreShownBesideTheSeedsNotAsGoals) {
 TEST_F(PercpuBenchFullRun, EnvironmentIsThisProcesssEnvironment) {
   const json& env = root_->at("environment");
   EXPECT_EQ(env.at("rseq_owner").get<std::string>(), percpu::to_string(percpu::rseq_ownership()));
+  EXPECT_EQ(env.at("rseq_sections").get<std::string>(),
+            percpu::to_string(percpu::sections_status()));
+  const std::string sections = percpu::to_string(percpu::sections_status());
+  EXPECT_NE(output_->out.find(
+                "rseq sections:      " + (sections == "on" ? sections : "off: " + sections) + "\n"),
+            std::string::npos)
+      << "the Environment block says whether the structures run rseq sections";
   EXPECT_EQ(env.at("rseq_feature_size").get<double>(),
             static_cast<double>(percpu::rseq_feature_size()));
   EXPECT_EQ(env.at("cpu_id_backend").get<std::string>(), percpu::to_string(percpu::backend()));

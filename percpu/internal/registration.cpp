@@ -107,7 +107,9 @@ struct process_state {
   std::intptr_t natural_area = 0;           // the area rseq would serve from
   unsigned feature_size = 0;                // bytes the kernel keeps current
   unsigned own_length = kRegisteredLength;  // what percpu registers its area with
-  bool sections = true;                     // rseq_sections_enabled()
+  // What start-up decided for the whole process: on, or why the structures
+  // take their no-rseq paths everywhere (sections_status()).
+  sections sections_decision = sections::on;
   // Other registrants' conventions, resolved at start-up (dlsym is not
   // async-signal-safe, and registration may run in a signal handler): the
   // address of librseq's rseq_offset and rseq_size, and the thread-pointer
@@ -209,7 +211,8 @@ void open_fast_path() {
   g_fast_path.section_state = tp_offset_of(&t_section_state);
   const auto limit = static_cast<std::uint32_t>(max_cpus());
   __atomic_store_n(&g_fast_path.node_limit, 0x80000000u, __ATOMIC_RELEASE);
-  __atomic_store_n(&g_fast_path.section_limit, g_state.sections ? limit : 0u, __ATOMIC_RELEASE);
+  __atomic_store_n(&g_fast_path.section_limit,
+                   g_state.sections_decision == sections::on ? limit : 0u, __ATOMIC_RELEASE);
   __atomic_store_n(&g_fast_path.cpu_limit, limit, __ATOMIC_RELEASE);
 }
 
@@ -264,22 +267,24 @@ void find_other_registrants() {
   }
 }
 
-// PERCPU_RSEQ_SECTIONS=on|off, or the kernel check.
-bool decide_sections() {
+// PERCPU_RSEQ_SECTIONS=on|off, or the kernel check (sections_decision_for()),
+// saying on stderr what it ignored or turned off.
+sections decide_sections() {
   char value[8];
   const char* forced = startup_env("PERCPU_RSEQ_SECTIONS", value, sizeof(value));
-  if (forced != nullptr && std::strcmp(forced, "on") == 0) return true;
-  if (forced != nullptr && std::strcmp(forced, "off") == 0) return false;
-  if (forced != nullptr) say({"PERCPU_RSEQ_SECTIONS=", forced, " is not on or off; ignoring it"});
+  if (forced != nullptr && std::strcmp(forced, "on") != 0 && std::strcmp(forced, "off") != 0) {
+    say({"PERCPU_RSEQ_SECTIONS=", forced, " is not on or off; ignoring it"});
+  }
   struct utsname name;
-  if (uname(&name) != 0) return true;
-  if (!rseq_sections_broken_on(name.machine, name.release)) return true;
-  if (!secure_execution()) {
+  const bool named = uname(&name) == 0;
+  const sections decision =
+      sections_decision_for(forced, named ? name.machine : nullptr, named ? name.release : nullptr);
+  if (decision == sections::kernel_quirk && !secure_execution()) {
     say({"Linux ", name.release, " on ", name.machine,
          " may not abort rseq critical sections on same-CPU preemption; per-CPU "
          "structures use their no-rseq paths (PERCPU_RSEQ_SECTIONS=on overrides)"});
   }
-  return false;
+  return decision;
 }
 
 void initialize_once() {
@@ -288,7 +293,7 @@ void initialize_once() {
   g_state.feature_size =
       auxv_feature_size != 0 ? static_cast<unsigned>(auxv_feature_size) : kFeatureSizeOriginal;
   g_state.own_length = own_registration_length_for(auxv_feature_size, getauxval(kAtRseqAlign));
-  g_state.sections = kArchHasRseq && decide_sections();
+  g_state.sections_decision = kArchHasRseq ? decide_sections() : sections::unsupported_arch;
 
   char backend_name[32];
   const char* requested = startup_env("PERCPU_BACKEND", backend_name, sizeof(backend_name));
@@ -622,14 +627,49 @@ int concurrency_id_slow() noexcept {
   return cpu_id_slow();
 }
 
-rseq_area* registered_rseq_area() noexcept {
+namespace {
+
+// The one decision whether the structures run sections for the calling
+// thread: the area they get (nullptr for their no-rseq paths) and why.
+// registered_rseq_area() hands them the area and sections_status() reports
+// the reason, so the two cannot disagree. The thread's registration is
+// attempted first whatever else holds, as cpu_id() would.
+rseq_area* decide_sections_for_this_thread(sections* why) noexcept {
   rseq_area* area = thread_rseq_area();
-  if (area == nullptr || !g_state.sections) return nullptr;
-  if (area == shared_area && !shared_sections) return nullptr;
-  return area;
+  if (!ensure_initialized()) {
+    *why = sections::starting;
+  } else if (g_state.sections_decision != sections::on) {
+    *why = g_state.sections_decision;
+  } else if (area == nullptr) {
+    const bool forced_fallback =
+        g_state.forced != forced_backend::none && g_state.forced != forced_backend::rseq;
+    *why = forced_fallback ? sections::fallback_forced : sections::no_rseq;
+  } else if (area == shared_area && !shared_sections) {
+    *why = sections::foreign_signature;
+  } else {
+    *why = sections::on;
+  }
+  return *why == sections::on ? area : nullptr;
 }
 
-bool rseq_sections_enabled() noexcept { return ensure_initialized() && g_state.sections; }
+}  // namespace
+
+rseq_area* registered_rseq_area() noexcept {
+  sections why = sections::on;
+  return decide_sections_for_this_thread(&why);
+}
+
+bool rseq_sections_enabled() noexcept {
+  return ensure_initialized() && g_state.sections_decision == sections::on;
+}
+
+sections sections_decision_for(const char* forced, const char* machine,
+                               const char* release) noexcept {
+  if (forced != nullptr && std::strcmp(forced, "on") == 0) return sections::on;
+  if (forced != nullptr && std::strcmp(forced, "off") == 0)
+    return sections::disabled_by_environment;
+  return rseq_sections_broken_on(machine, release) ? sections::kernel_quirk : sections::on;
+}
 
 namespace {
 
@@ -749,6 +789,12 @@ rseq_owner rseq_ownership() noexcept {
     if (area == nullptr && internal::registration_error != 0) return rseq_owner::none;
   }
   return internal::g_state.owner;
+}
+
+sections sections_status() noexcept {
+  sections why = sections::on;
+  (void)internal::decide_sections_for_this_thread(&why);
+  return why;
 }
 
 unsigned rseq_feature_size() noexcept {

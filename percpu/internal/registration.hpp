@@ -52,6 +52,14 @@ bool rseq_sections_enabled() noexcept;
 // release candidates, which lose the abort on same-CPU preemption.
 bool rseq_sections_broken_on(const char* machine, const char* release) noexcept;
 
+// Start-up's process-wide decision, for PERCPU_RSEQ_SECTIONS's value (nullptr
+// when unset; neither on nor off counts as unset) and a kernel's uname
+// machine and release (nullptr when unknown): on, disabled_by_environment or
+// kernel_quirk. sections_status() reports what start-up got from it here
+// (on an architecture with sections), before the thread's own reasons.
+sections sections_decision_for(const char* forced, const char* machine,
+                               const char* release) noexcept;
+
 // The length percpu registers its own area with, given AT_RSEQ_FEATURE_SIZE
 // and AT_RSEQ_ALIGN (0 when absent): max(feature size, 32) as glibc 2.41+
 // does, which on Linux 7.0+ selects the strict V2 mode; 32 when own_rseq_area

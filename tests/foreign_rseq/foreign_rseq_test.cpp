@@ -22,6 +22,7 @@
 #include "percpu/cpu.hpp"
 #include "percpu/internal/registration.hpp"
 #include "percpu/internal/rseq_cs.hpp"
+#include "tests/support/expected_sections.hpp"
 
 extern "C" {
 int test_registrant_register(void);
@@ -96,6 +97,20 @@ TEST(ForeignRseq, SectionsRunOnTheSharedAreaOnlyWithTheCommonSignature) {
     EXPECT_EQ(area, nullptr) << "sections must not run on an area registered with another "
                                 "signature, nor without a registration";
   }
+  // The public answer says which: on with the common signature, the foreign
+  // signature where the area is found but registered with another, no rseq
+  // where no convention finds it.
+  const percpu::sections thread_reason = kSections   ? percpu::sections::on
+                                         : kFindable ? percpu::sections::foreign_signature
+                                                     : percpu::sections::no_rseq;
+  EXPECT_STREQ(percpu::to_string(percpu::sections_status()),
+               percpu::to_string(percpu::test::expected_sections(thread_reason)));
+  EXPECT_EQ(percpu::sections_status() == percpu::sections::on, area != nullptr);
+  // A thread the registrant left alone is percpu's, and runs sections.
+  percpu::sections other_thread = percpu::sections::starting;
+  std::thread([&] { other_thread = percpu::sections_status(); }).join();
+  EXPECT_STREQ(percpu::to_string(other_thread),
+               percpu::to_string(percpu::test::expected_sections(percpu::sections::on)));
 }
 
 TEST(ForeignRseq, OtherThreadsAreRegisteredByPercpu) {

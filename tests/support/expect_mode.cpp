@@ -4,6 +4,10 @@
 //
 //   PERCPU_EXPECT_OWNER    glibc | percpu | none
 //   PERCPU_EXPECT_BACKEND  rseq | rdpid | vdso | syscall
+//   PERCPU_EXPECT_SECTIONS on | no_rseq | foreign_signature: what
+//                          percpu::sections_status() says for the main thread,
+//                          unless a process-wide reason (PERCPU_RSEQ_SECTIONS,
+//                          the kernel, a forced fallback) comes first
 
 #include <gtest/gtest.h>
 
@@ -13,6 +17,7 @@
 
 #include "percpu/cpu.hpp"
 #include "percpu/internal/registration.hpp"
+#include "tests/support/expected_sections.hpp"
 
 namespace {
 
@@ -32,12 +37,20 @@ class expect_mode : public ::testing::Environment {
         length == 0   ? "none"
         : length > 32 ? "v2"
                       : "legacy",
-        percpu::internal::rseq_sections_enabled() ? "on" : "off");
+        percpu::to_string(percpu::sections_status()));
     if (const char* want = std::getenv("PERCPU_EXPECT_OWNER")) {
       EXPECT_STREQ(owner, want) << "this variant must run with rseq owned by " << want;
     }
     if (const char* want = std::getenv("PERCPU_EXPECT_BACKEND")) {
       EXPECT_STREQ(backend, want) << "this variant must run on the " << want << " backend";
+    }
+    if (const char* want = std::getenv("PERCPU_EXPECT_SECTIONS")) {
+      percpu::sections thread_reason = percpu::sections::on;
+      ASSERT_TRUE(percpu::test::parse_sections(want, &thread_reason))
+          << "PERCPU_EXPECT_SECTIONS=" << want << " names no percpu::sections";
+      EXPECT_STREQ(percpu::to_string(percpu::sections_status()),
+                   percpu::to_string(percpu::test::expected_sections(thread_reason)))
+          << "PERCPU_EXPECT_SECTIONS=" << want;
     }
   }
 };

@@ -146,8 +146,9 @@ def main():
         "Columns: *rseq owner* and *backend* as percpu reports them on the main thread; "
         "*registration* is the length the thread's rseq area is registered with, as the kernel "
         "confirms it (more than 32 bytes is Linux 7.0+'s strict V2 mode, 32 the legacy mode); "
-        "*feature size* is AT_RSEQ_FEATURE_SIZE (20 before Linux 6.3); *sections* says whether "
-        "the per-CPU structures ran rseq critical sections.",
+        "*feature size* is AT_RSEQ_FEATURE_SIZE (20 before Linux 6.3); *sections* is "
+        "`percpu::sections_status()` on the main thread: `on` when the per-CPU structures ran "
+        "rseq critical sections, otherwise why not (`no_rseq`, `disabled_by_environment`...).",
         "",
         "Tests: " + ", ".join(f"`{t}`" for t in tests) + ".",
         "",
