@@ -1,8 +1,24 @@
 # One small helper that registers percpu's libraries, tests and benchmarks,
 # so every target gets the same warnings, include paths and seams.
 #
+# Target names: every target but the library is named percpu_NAME (NAME as
+# it is when it already starts with "percpu"), so that percpu built inside
+# another project (add_subdirectory, FetchContent) with its tests on never
+# takes a name the parent uses, such as cpu_test. The file it builds keeps
+# the plain NAME (OUTPUT_NAME), and so does its ctest test: the lanes find
+# binaries and tests by those names (mutants' Build: lines name binaries and
+# scripts/mutants.sh applies the same rule).
+#   percpu_target(out NAME)          out = the target of binary NAME
+#   percpu_add_executable(NAME src...)
+#   percpu_add_library(NAME STATIC|SHARED|MODULE|OBJECT src...)
+#       add_executable / add_library of target percpu_target(NAME), whose
+#       file is still called NAME; use the target name for target_*() calls.
+#   The functions below take binary names (NAME, TARGET, check_sections'
+#   arguments) and map them themselves.
+#
 #   percpu_cc_library(NAME name SRCS ... [DEPS ...])
 #   percpu_cc_test(NAME name SRCS ... [DEPS ...] [LABELS ...] [ENV ...] [ARGS ...] [TIMEOUT s] [C])
+#       binary `name` (target percpu_target(name)) and its ctest test `name`
 #   percpu_cc_benchmark(NAME name SRCS ... [DEPS ...])
 #   percpu_add_mode_tests(TARGET t [ARGS ...] [TIMEOUT s] [LABELS ...])
 #       registers t three more times, once per rseq mode, each asserting the
@@ -46,10 +62,35 @@ if(PERCPU_WERROR)
   list(APPEND PERCPU_WARNINGS -Werror)
 endif()
 
+function(percpu_target out name)
+  if(name MATCHES "^percpu([_-]|$)")
+    set(${out} ${name} PARENT_SCOPE)
+  else()
+    set(${out} percpu_${name} PARENT_SCOPE)
+  endif()
+endfunction()
+
+function(percpu_add_executable name)
+  percpu_target(_target ${name})
+  add_executable(${_target} ${ARGN})
+  if(NOT _target STREQUAL name)
+    set_target_properties(${_target} PROPERTIES OUTPUT_NAME ${name})
+  endif()
+endfunction()
+
+function(percpu_add_library name kind)
+  percpu_target(_target ${name})
+  add_library(${_target} ${kind} ${ARGN})
+  if(NOT _target STREQUAL name AND NOT kind STREQUAL "OBJECT")
+    set_target_properties(${_target} PROPERTIES OUTPUT_NAME ${name})
+  endif()
+endfunction()
+
 # The command that runs test binary `target`: through PERCPU_TEST_LAUNCHER
 # (valgrind, say) when set; otherwise by target name, so that a cross build's
 # CMAKE_CROSSCOMPILING_EMULATOR applies.
-function(percpu_test_command out target)
+function(percpu_test_command out name)
+  percpu_target(target ${name})
   if(PERCPU_TEST_LAUNCHER)
     set(${out} ${PERCPU_TEST_LAUNCHER} $<TARGET_FILE:${target}> PARENT_SCOPE)
   else()
@@ -127,22 +168,26 @@ function(percpu_add_test)
 endfunction()
 
 function(percpu_check_sections)
-  set_property(GLOBAL APPEND PROPERTY PERCPU_SECTION_BINARIES ${ARGN})
+  foreach(_name ${ARGN})
+    percpu_target(_target ${_name})
+    set_property(GLOBAL APPEND PROPERTY PERCPU_SECTION_BINARIES ${_target})
+  endforeach()
 endfunction()
 
 function(percpu_cc_test)
   cmake_parse_arguments(T "C" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;ENV;ARGS" ${ARGN})
   _percpu_no_unparsed(percpu_cc_test "${T_UNPARSED_ARGUMENTS}")
-  add_executable(${T_NAME} ${T_SRCS})
-  _percpu_common(${T_NAME})
+  percpu_target(_target ${T_NAME})
+  percpu_add_executable(${T_NAME} ${T_SRCS})
+  _percpu_common(${_target})
   if(T_C)
-    target_link_libraries(${T_NAME} PRIVATE ${T_DEPS})
+    target_link_libraries(${_target} PRIVATE ${T_DEPS})
   else()
     if(NOT TARGET GTest::gtest)  # cross builds make it from source (top CMakeLists.txt)
       find_package(GTest REQUIRED)
     endif()
-    target_sources(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support/expect_mode.cpp)
-    target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main)
+    target_sources(${_target} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support/expect_mode.cpp)
+    target_link_libraries(${_target} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main)
   endif()
   percpu_test_command(_command ${T_NAME})
   percpu_add_test(NAME ${T_NAME} COMMAND ${_command} ${T_ARGS} LABELS ${T_LABELS}
@@ -153,9 +198,10 @@ function(percpu_cc_benchmark)
   cmake_parse_arguments(B "" "NAME" "SRCS;DEPS" ${ARGN})
   _percpu_no_unparsed(percpu_cc_benchmark "${B_UNPARSED_ARGUMENTS}")
   find_package(benchmark REQUIRED)
-  add_executable(${B_NAME} ${B_SRCS})
-  _percpu_common(${B_NAME})
-  target_link_libraries(${B_NAME} PRIVATE ${B_DEPS} benchmark::benchmark benchmark::benchmark_main)
+  percpu_target(_target ${B_NAME})
+  percpu_add_executable(${B_NAME} ${B_SRCS})
+  _percpu_common(${_target})
+  target_link_libraries(${_target} PRIVATE ${B_DEPS} benchmark::benchmark benchmark::benchmark_main)
 endfunction()
 
 function(percpu_add_mode_tests)
@@ -172,8 +218,9 @@ function(percpu_add_mode_tests)
     ENV GLIBC_TUNABLES=glibc.pthread.rseq=0 PERCPU_EXPECT_OWNER=percpu PERCPU_EXPECT_BACKEND=rseq
         PERCPU_EXPECT_SECTIONS=on)
   percpu_test_command(_seccomp seccomp_exec)
+  percpu_target(_target ${M_TARGET})
   percpu_add_test(NAME ${M_TARGET}.fallback
-    COMMAND ${_seccomp} ENOSYS $<TARGET_FILE:${M_TARGET}> ${M_ARGS} MODE fallback
+    COMMAND ${_seccomp} ENOSYS $<TARGET_FILE:${_target}> ${M_ARGS} MODE fallback
     LABELS ${M_LABELS} TIMEOUT ${M_TIMEOUT} ENV PERCPU_EXPECT_OWNER=none
     PERCPU_EXPECT_SECTIONS=no_rseq)
 endfunction()

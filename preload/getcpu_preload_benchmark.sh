@@ -5,7 +5,7 @@
 #   preload/getcpu_preload_benchmark.sh BUILD_DIR [REPETITIONS]
 #
 # BUILD_DIR is a configured and built percpu tree (targets percpu_getcpu,
-# getcpu_probe and, if libjemalloc is installed, jemalloc_churn). Runs
+# percpu_getcpu_probe and, if libjemalloc is installed, percpu_jemalloc_churn). Runs
 # alternate with and without the preload inside one invocation, so both see
 # the same machine; each table row is the median of REPETITIONS runs.
 #
@@ -24,7 +24,7 @@ preload=$build/preload/libpercpu_getcpu.so
 probe=$build/preload/getcpu_probe
 churn=$build/preload/jemalloc_churn
 for f in "$preload" "$probe"; do
-  [[ -e $f ]] || { echo "missing $f: build targets percpu_getcpu and getcpu_probe first" >&2; exit 2; }
+  [[ -e $f ]] || { echo "missing $f: build targets percpu_getcpu and percpu_getcpu_probe first" >&2; exit 2; }
 done
 
 loop_calls=${PERCPU_BENCH_LOOP_CALLS:-20000000}

@@ -13,7 +13,8 @@
 #
 # Each patch opens with header lines that patch(1) ignores:
 #   Breaks: one line: the promise this bug breaks
-#   Build:  the CMake targets to rebuild (space-separated)
+#   Build:  the binaries to rebuild (space-separated), by file name; their
+#           CMake targets are percpu_NAME (see cmake/percpu_helpers.cmake)
 #   Tests:  a ctest -R regex: the tests that must fail
 #   Filter: (optional) a GTEST_FILTER for those tests, to run only the cases
 #           that matter
@@ -48,6 +49,15 @@ fi
 
 field() {  # patch, header name: the value of that header line
   sed -n "s/^$2: //p;/^--- /q" "$1" | head -1
+}
+
+# Binary names to their CMake targets: percpu_NAME, or NAME when it already
+# starts with "percpu" (percpu_target() in cmake/percpu_helpers.cmake).
+targets_of() {
+  local name
+  for name in "$@"; do
+    case "$name" in percpu|percpu_*|percpu-*) echo "$name" ;; *) echo "percpu_$name" ;; esac
+  done
 }
 
 # The scratch copy: every tracked file as it is in the working tree. Files
@@ -87,7 +97,8 @@ fi
 # unmutated tree, so a failure below is the mutant's doing.
 targets="" tests=""
 for p in "${patches[@]}"; do
-  targets="$targets $(field "$p" Build)"
+  # shellcheck disable=SC2046
+  targets="$targets $(targets_of $(field "$p" Build))"
   tests="${tests:+$tests|}$(field "$p" Tests)"
 done
 echo "--- mutants: baseline build ($(echo $targets | wc -w) targets) and tests"
@@ -101,7 +112,8 @@ rows=() failures=0
 for p in "${patches[@]}"; do
   name=$(basename "$p" .patch)
   breaks=$(field "$p" Breaks)
-  build_targets=$(field "$p" Build)
+  # shellcheck disable=SC2046
+  build_targets=$(targets_of $(field "$p" Build))
   regex=$(field "$p" Tests)
   filter=$(field "$p" Filter)
   log="$work/$name.log"

@@ -16,7 +16,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 export PERCPU_STRESS_SCALE=${PERCPU_STRESS_SCALE:-1}
 export CTEST_OUTPUT_ON_FAILURE=1
 
-all_lanes=(default clang asan-ubsan tsan valgrind rseq-off seams aarch64-user aarch64-system kernels warnings consumer mutants)
+all_lanes=(default clang asan-ubsan tsan valgrind rseq-off seams aarch64-user aarch64-system kernels warnings consumer subproject mutants)
 describe() {
   case "$1" in
     default) echo "g++, Release with assertions, -Werror: the whole ctest suite (every mode variant)" ;;
@@ -31,6 +31,7 @@ describe() {
     kernels) echo "Debian kernels 5.10-7.3 (x86-64 TCG, arm64) x glibc 2.36-2.44 x rseq modes; writes docs/compatibility.md" ;;
     warnings) echo "-Wall -Wextra -Werror with g++ and clang (done by default/clang), and percpu.h compiled as C" ;;
     consumer) echo "install the shared library and build a consumer with find_package and pkg-config; aarch64 cross install" ;;
+    subproject) echo "a parent project with include(CTest) takes percpu by add_subdirectory, FetchContent, find_package: no percpu test, target or build type in it" ;;
     mutants) echo "each deliberate bug in tests/mutants/*.patch, planted in a scratch copy (clang++): the tests named for it must fail" ;;
   esac
 }
@@ -156,6 +157,12 @@ lane_consumer() {
   aarch64-linux-gnu-objdump -f "$B/aarch64/prefix/lib/libpercpu.a" | grep -q 'aarch64' &&
     ls "$B/aarch64/prefix/lib/cmake/percpu/percpuConfig.cmake" "$B/aarch64/prefix/include/percpu/cpu.hpp" &&
     echo "aarch64 install: ok"
+}
+
+# A parent project (tests/subproject) that takes percpu in three ways, by
+# docs/adopting.md's recipes; library builds only.
+lane_subproject() {
+  "$root/tests/subproject/run.sh" "$B"
 }
 
 # One scratch copy and one build directory kept between runs, so each mutant

@@ -93,7 +93,13 @@ build() {  # arch kind -> directory
     -DPERCPU_BUILD_TOOLS=OFF -DPERCPU_BUILD_BENCHMARKS=OFF -DPERCPU_BUILD_EXAMPLES=OFF \
     -DPERCPU_STRESS_SCALE="$STRESS_SCALE" "${args[@]}" >"$dir/configure.log" 2>&1 ||
     { cat "$dir/configure.log" >&2; die "configure $arch-$kind failed"; }
-  cmake --build "$dir" -j2 --target "${targets[@]}" >"$dir/build.log" 2>&1 ||
+  # The binaries' CMake targets are percpu_NAME, or NAME when it starts with
+  # "percpu"; the files keep NAME (percpu_target() in cmake/percpu_helpers.cmake).
+  local t cmake_targets=()
+  for t in "${targets[@]}"; do
+    case $t in percpu | percpu_* | percpu-*) cmake_targets+=("$t") ;; *) cmake_targets+=("percpu_$t") ;; esac
+  done
+  cmake --build "$dir" -j2 --target "${cmake_targets[@]}" >"$dir/build.log" 2>&1 ||
     { tail -40 "$dir/build.log" >&2; die "build $arch-$kind failed"; }
 }
 for arch in "${ARCHES[@]}"; do build "$arch" static; build "$arch" dynamic; done
