@@ -131,6 +131,7 @@ endfunction()
 
 function(percpu_cc_test)
   cmake_parse_arguments(T "C" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;ENV;ARGS" ${ARGN})
+  list(TRANSFORM T_DEPS REPLACE "^percpu$" percpu_with_internals)  # see percpu/CMakeLists.txt
   _percpu_no_unparsed(percpu_cc_test "${T_UNPARSED_ARGUMENTS}")
   add_executable(${T_NAME} ${T_SRCS})
   _percpu_common(${T_NAME})
@@ -150,6 +151,7 @@ endfunction()
 
 function(percpu_cc_benchmark)
   cmake_parse_arguments(B "" "NAME" "SRCS;DEPS" ${ARGN})
+  list(TRANSFORM B_DEPS REPLACE "^percpu$" percpu_with_internals)
   _percpu_no_unparsed(percpu_cc_benchmark "${B_UNPARSED_ARGUMENTS}")
   find_package(benchmark REQUIRED)
   add_executable(${B_NAME} ${B_SRCS})

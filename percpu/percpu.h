@@ -14,9 +14,13 @@
 #ifndef PERCPU_PERCPU_H_
 #define PERCPU_PERCPU_H_
 
+#include "percpu/version.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+/* Exported from libpercpu.so, new declarations included (docs/abi.md). */
+#pragma GCC visibility push(default)
 
 /* The CPU the calling thread runs on, in [0, percpu_max_cpus()). */
 int percpu_cpu_id(void);
@@ -38,6 +42,7 @@ int percpu_sched_getcpu(void);
 /* "rseq", "rdpid", "vdso" or "syscall": what serves the calling thread. */
 const char* percpu_backend_name(void);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif
