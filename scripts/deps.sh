@@ -7,7 +7,8 @@
 #                nlohmann-json for percpu-bench's JSON),
 #         clang, valgrind, aarch64 (cross compiler, qemu-user, qemu-system),
 #         allocators (jemalloc, gperftools' tcmalloc),
-#         sync (TBB and liburcu, the benchmarks of shared_mutex and ref).
+#         sync (TBB and liburcu, the benchmarks of shared_mutex and ref),
+#         abi (abigail-tools: abidw and abidiff, scripts/abi.sh).
 set -euo pipefail
 
 packages=()
@@ -20,6 +21,7 @@ for group in "$@"; do
     aarch64) packages+=(g++-aarch64-linux-gnu qemu-user qemu-system-arm cpio) ;;
     allocators) packages+=(libjemalloc-dev libgoogle-perftools-dev) ;;
     sync) packages+=(libtbb-dev liburcu-dev) ;;
+    abi) packages+=(abigail-tools) ;;
     *) echo "deps.sh: unknown group '$group'" >&2; exit 2 ;;
   esac
 done
