@@ -99,7 +99,8 @@ set(CPACK_PACKAGE_NAME percpu)
 set(CPACK_PACKAGE_VENDOR "The percpu authors")
 set(CPACK_PACKAGE_CONTACT "The percpu authors <percpu@invalid>")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
-set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "The current CPU in one load, and per-CPU data structures on rseq")
+# No CPACK_PACKAGE_DESCRIPTION_SUMMARY: each package's description below
+# starts with its own summary line.
 set(CPACK_RESOURCE_FILE_LICENSE ${PROJECT_SOURCE_DIR}/LICENSE)
 set(CPACK_PACKAGE_DIRECTORY ${PROJECT_BINARY_DIR}/packages)
 # The files go where CMAKE_INSTALL_PREFIX says, which percpu.pc names too:
@@ -128,24 +129,24 @@ set(_percpu_runtime_package "libpercpu${_percpu_soversion}")
 
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME ${_percpu_runtime_package})
 set(CPACK_COMPONENT_RUNTIME_DESCRIPTION
-  "percpu: the current CPU in one load, and per-CPU data structures on rseq
- The shared library libpercpu.so.${_percpu_soversion}, and libpercpu_getcpu.so,
- which answers glibc's sched_getcpu() and getcpu() through percpu in programs
- that cannot be rebuilt (LD_PRELOAD).")
+  "the current CPU in one load, and per-CPU data structures on rseq
+percpu: the shared library libpercpu.so.${_percpu_soversion}, and libpercpu_getcpu.so,
+which answers glibc's sched_getcpu() and getcpu() through percpu in programs
+that cannot be rebuilt (LD_PRELOAD).")
 
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME libpercpu-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${_percpu_runtime_package} (= ${_percpu_deb_version})")
 set(CPACK_COMPONENT_DEV_DESCRIPTION
-  "percpu: development files
- Headers, libpercpu.so and the static libpercpu.a, the CMake package
- (find_package(percpu)) and the pkg-config file, and the documentation.")
+  "percpu development files: headers, static library, CMake and pkg-config
+percpu's headers, libpercpu.so and the static libpercpu.a, the CMake package
+(find_package(percpu)) and the pkg-config file, and the documentation.")
 
 set(CPACK_DEBIAN_TOOLS_PACKAGE_NAME percpu-tools)
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SECTION utils)
 set(CPACK_COMPONENT_TOOLS_DESCRIPTION
-  "percpu: percpu-bench
- Reproduces the glibc rseq sched_getcpu() table and the arm64 get_cpu_id()
- table on this machine, and measures percpu's structures against the
- alternatives they replace.")
+  "percpu-bench: which way of asking for the current CPU is fastest here
+percpu-bench reproduces the glibc rseq sched_getcpu() table and the arm64 get_cpu_id()
+table on this machine, and measures percpu's structures against the
+alternatives they replace.")
 include(CPack)
