@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # scripts/abi.sh: keeps libpercpu.so's ABI deliberate (docs/abi.md).
 #
-#   scripts/abi.sh check [LIB]   fails unless LIB's dynamic symbols are all
-#                                percpu's, its percpu::internal ones are all
-#                                in abi/internal-exports.txt, and abidiff finds
+#   scripts/abi.sh exports LIB   fails unless LIB's dynamic symbols are all
+#                                percpu's and its percpu::internal ones are all
+#                                in abi/internal-exports.txt (ctest abi_exports
+#                                runs this in every native build)
+#   scripts/abi.sh check [LIB]   exports, then fails unless abidiff finds
 #                                nothing removed or changed against the kept
 #                                dump abi/libpercpu.abi (added functions are
 #                                compatible within a minor version: listed,
@@ -25,7 +27,8 @@ mode=${1:-}
 lib=${2:-}
 case "$mode" in
   check|update) ;;
-  *) echo "usage: scripts/abi.sh check|update [path/to/libpercpu.so]" >&2; exit 2 ;;
+  exports) [[ -n $lib ]] || { echo "usage: scripts/abi.sh exports path/to/libpercpu.so" >&2; exit 2; } ;;
+  *) echo "usage: scripts/abi.sh exports|check|update [path/to/libpercpu.so]" >&2; exit 2 ;;
 esac
 
 if [[ -z $lib ]]; then
@@ -72,6 +75,7 @@ if [[ -n $unlisted ]]; then
   status=1
 fi
 echo "abi.sh: $(printf '%s\n' "$internal" | grep -c . || true) percpu::internal symbols, all on the allow-list: $([[ -z $unlisted ]] && echo yes || echo NO)"
+[[ $mode == exports ]] && exit $status
 
 # abidiff's status is a bit mask: 1 error, 2 usage, 4 ABI change, 8
 # incompatible change. --no-added-syms leaves additions out of it.
