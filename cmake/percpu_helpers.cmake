@@ -176,6 +176,7 @@ endfunction()
 
 function(percpu_cc_test)
   cmake_parse_arguments(T "C" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;ENV;ARGS" ${ARGN})
+  list(TRANSFORM T_DEPS REPLACE "^percpu$" percpu_with_internals)  # see percpu/CMakeLists.txt
   _percpu_no_unparsed(percpu_cc_test "${T_UNPARSED_ARGUMENTS}")
   percpu_target(_target ${T_NAME})
   percpu_add_executable(${T_NAME} ${T_SRCS})
@@ -196,6 +197,7 @@ endfunction()
 
 function(percpu_cc_benchmark)
   cmake_parse_arguments(B "" "NAME" "SRCS;DEPS" ${ARGN})
+  list(TRANSFORM B_DEPS REPLACE "^percpu$" percpu_with_internals)
   _percpu_no_unparsed(percpu_cc_benchmark "${B_UNPARSED_ARGUMENTS}")
   find_package(benchmark REQUIRED)
   percpu_target(_target ${B_NAME})

@@ -72,6 +72,7 @@
 #include "percpu/cpu.hpp"
 #include "percpu/internal/rseq_cs.hpp"
 
+#pragma GCC visibility push(default)  // exported (see percpu/cpu.hpp)
 namespace percpu {
 
 class counter {
@@ -118,7 +119,7 @@ class counter {
     return reinterpret_cast<const block*>(slots) - 1;
   }
 
-  slot_words* allocate() noexcept;
+  PERCPU_LOCAL slot_words* allocate() noexcept;
   void add_slow(std::int64_t delta) noexcept;
 
   // The first slot of the mapped block, or nullptr until the first add()
@@ -165,3 +166,4 @@ inline void counter::add(std::int64_t delta) noexcept {
 }
 
 }  // namespace percpu
+#pragma GCC visibility pop

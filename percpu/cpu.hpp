@@ -63,7 +63,12 @@
 #include <cstdint>
 
 #include "percpu/internal/thread_pointer.hpp"
+#include "percpu/version.h"
 
+// Everything declared from here to the matching pop is libpercpu.so's
+// exported interface, new declarations included (see PERCPU_EXPORT in
+// percpu/internal/config.hpp and docs/abi.md).
+#pragma GCC visibility push(default)
 namespace percpu {
 
 // Which mechanism answers cpu_id() for the calling thread.
@@ -234,3 +239,4 @@ inline int concurrency_id() noexcept {
 }
 
 }  // namespace percpu
+#pragma GCC visibility pop

@@ -58,6 +58,7 @@
 #include "percpu/internal/side_stack.hpp"
 #include "percpu/internal/thread_slots.hpp"
 
+#pragma GCC visibility push(default)  // exported (see percpu/cpu.hpp)
 namespace percpu {
 
 // Embed one in each object that goes on a free_list. Its address is what the
@@ -101,12 +102,13 @@ class free_list final : private internal::fork_participant {
   // slow path of a thread without rseq does not ask again.
   void push_slow(free_list_node* node, bool has_sections) noexcept;
   free_list_node* pop_slow(bool local_only, bool has_sections) noexcept;
-  free_list_node* pop_locked(int cpu, int batch, free_list_node** rest_last) noexcept;
-  free_list_node* pop_thread_slot(int index, int batch, free_list_node** rest_last) noexcept;
-  internal::thread_slot* own_thread_slot() noexcept;
-  bool push_chain_own(free_list_node* first, free_list_node* last) noexcept;
-  void push_chain_home(free_list_node* first, free_list_node* last) noexcept;
-  void to_overflow(free_list_node* first, free_list_node* last) noexcept;
+  PERCPU_LOCAL free_list_node* pop_locked(int cpu, int batch, free_list_node** rest_last) noexcept;
+  PERCPU_LOCAL free_list_node* pop_thread_slot(int index, int batch,
+                                               free_list_node** rest_last) noexcept;
+  PERCPU_LOCAL internal::thread_slot* own_thread_slot() noexcept;
+  PERCPU_LOCAL bool push_chain_own(free_list_node* first, free_list_node* last) noexcept;
+  PERCPU_LOCAL void push_chain_home(free_list_node* first, free_list_node* last) noexcept;
+  PERCPU_LOCAL void to_overflow(free_list_node* first, free_list_node* last) noexcept;
   void before_fork() noexcept override;
   void after_fork() noexcept override;
 
@@ -158,3 +160,4 @@ inline free_list_node* free_list::pop() noexcept {
 }
 
 }  // namespace percpu
+#pragma GCC visibility pop

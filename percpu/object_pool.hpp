@@ -68,6 +68,7 @@
 #include "percpu/internal/side_stack.hpp"
 #include "percpu/internal/thread_slots.hpp"
 
+#pragma GCC visibility push(default)  // exported (see percpu/cpu.hpp)
 namespace percpu {
 
 class object_pool final : private internal::fork_participant {
@@ -144,23 +145,23 @@ class object_pool final : private internal::fork_participant {
   // slow path of a thread without rseq does not ask again.
   void* allocate_slow(bool has_sections) noexcept;
   void deallocate_slow(node* n, bool has_sections) noexcept;
-  __attribute__((noinline)) void* allocate_refill(bool has_sections) noexcept;
-  __attribute__((noinline)) void deallocate_spill(node* n, bool has_sections) noexcept;
-  bool push_chain_home(node* first, node* last, std::intptr_t count) noexcept;
-  node* pop_home_locked(int cpu) noexcept;
-  bool push_home_locked(int cpu, node* n) noexcept;
-  internal::thread_slot* own_thread_slot() noexcept;
-  node* pop_own(internal::thread_slot* own) noexcept;
-  bool push_own(internal::thread_slot* own, node* n) noexcept;
-  bool push_chain_own(internal::thread_slot* own, node* first, node* last,
-                      std::intptr_t count) noexcept;
-  bool depot_lock() noexcept;
-  void depot_unlock() noexcept;
-  node* depot_take(std::intptr_t want, node** last, std::intptr_t* got) noexcept;
-  void depot_give(node* first, node* last, std::intptr_t count) noexcept;
-  std::size_t depot_give_list(node* first, std::intptr_t end) noexcept;
-  void drain_overflow_locked() noexcept;
-  bool carve_chunk_locked() noexcept;
+  PERCPU_LOCAL __attribute__((noinline)) void* allocate_refill(bool has_sections) noexcept;
+  PERCPU_LOCAL __attribute__((noinline)) void deallocate_spill(node* n, bool has_sections) noexcept;
+  PERCPU_LOCAL bool push_chain_home(node* first, node* last, std::intptr_t count) noexcept;
+  PERCPU_LOCAL node* pop_home_locked(int cpu) noexcept;
+  PERCPU_LOCAL bool push_home_locked(int cpu, node* n) noexcept;
+  PERCPU_LOCAL internal::thread_slot* own_thread_slot() noexcept;
+  PERCPU_LOCAL node* pop_own(internal::thread_slot* own) noexcept;
+  PERCPU_LOCAL bool push_own(internal::thread_slot* own, node* n) noexcept;
+  PERCPU_LOCAL bool push_chain_own(internal::thread_slot* own, node* first, node* last,
+                                   std::intptr_t count) noexcept;
+  PERCPU_LOCAL bool depot_lock() noexcept;
+  PERCPU_LOCAL void depot_unlock() noexcept;
+  PERCPU_LOCAL node* depot_take(std::intptr_t want, node** last, std::intptr_t* got) noexcept;
+  PERCPU_LOCAL void depot_give(node* first, node* last, std::intptr_t count) noexcept;
+  PERCPU_LOCAL std::size_t depot_give_list(node* first, std::intptr_t end) noexcept;
+  PERCPU_LOCAL void drain_overflow_locked() noexcept;
+  PERCPU_LOCAL bool carve_chunk_locked() noexcept;
   void check_allocate(void* p) noexcept;
   void check_deallocate(void* p) noexcept;
   void before_fork() noexcept override;
@@ -239,3 +240,4 @@ inline void object_pool::deallocate(void* p) noexcept {
 }
 
 }  // namespace percpu
+#pragma GCC visibility pop

@@ -16,9 +16,13 @@
 #ifndef PERCPU_PERCPU_H_
 #define PERCPU_PERCPU_H_
 
+#include "percpu/version.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+/* Exported from libpercpu.so, new declarations included (docs/abi.md). */
+#pragma GCC visibility push(default)
 
 /* The CPU the calling thread runs on, in [0, percpu_max_cpus()). */
 int percpu_cpu_id(void);
@@ -64,6 +68,7 @@ enum percpu_sections percpu_sections_status(void);
  * "starting"; "unknown" for any other value. */
 const char* percpu_sections_name(enum percpu_sections status);
 
+#pragma GCC visibility pop
 #ifdef __cplusplus
 }
 #endif

@@ -61,6 +61,7 @@
 #include "percpu/internal/rseq_cs.hpp"
 #include "percpu/internal/thread_slots.hpp"
 
+#pragma GCC visibility push(default)  // exported (see percpu/cpu.hpp)
 namespace percpu {
 
 class ref : private internal::fork_participant {
@@ -108,8 +109,8 @@ class ref : private internal::fork_participant {
 
   bool add_local(std::intptr_t step) noexcept;
   void add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept;
-  void add_to_count(std::int64_t delta, bool only_if_alive, bool* added) noexcept;
-  void release_now() noexcept;
+  PERCPU_LOCAL void add_to_count(std::int64_t delta, bool only_if_alive, bool* added) noexcept;
+  PERCPU_LOCAL void release_now() noexcept;
   void before_fork() noexcept override;
   void after_fork() noexcept override;
 
@@ -159,3 +160,4 @@ inline void ref::put() noexcept {
 }
 
 }  // namespace percpu
+#pragma GCC visibility pop

@@ -104,6 +104,7 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 
+#pragma GCC visibility push(default)  // exported (see percpu/cpu.hpp)
 namespace percpu {
 
 namespace internal {
@@ -163,21 +164,21 @@ class shared_mutex : private internal::fork_participant {
   // The calling thread's word, or nullptr: the per-CPU counts then.
   word* reader_word() const noexcept;
   static void add(word* w, std::int64_t step) noexcept;
-  void count_lock(word* w) noexcept;
-  void count_unlock(word* w) noexcept;
+  PERCPU_LOCAL void count_lock(word* w) noexcept;
+  PERCPU_LOCAL void count_unlock(word* w) noexcept;
   void lock_shared_counted() noexcept;
   bool try_lock_shared_counted() noexcept;
   void unlock_shared_counted() noexcept;
   void lock_shared_slow(std::uint32_t seen, word* w) noexcept;
   bool try_lock_shared_slow(std::uint32_t seen, word* w) noexcept;
   void unlock_shared_slow() noexcept;
-  std::uint32_t initialize() noexcept;
-  void back_out(word* w) noexcept;
-  void wait_for_writer(std::uint32_t seen) noexcept;
-  bool readers_gone() const noexcept;
-  void lock_writers() noexcept;
-  void unlock_writers() noexcept;
-  void fence_readers(std::uint32_t state) noexcept;
+  PERCPU_LOCAL std::uint32_t initialize() noexcept;
+  PERCPU_LOCAL void back_out(word* w) noexcept;
+  PERCPU_LOCAL void wait_for_writer(std::uint32_t seen) noexcept;
+  PERCPU_LOCAL bool readers_gone() const noexcept;
+  PERCPU_LOCAL void lock_writers() noexcept;
+  PERCPU_LOCAL void unlock_writers() noexcept;
+  PERCPU_LOCAL void fence_readers(std::uint32_t state) noexcept;
   void before_fork() noexcept override;
   void after_fork() noexcept override;
 
@@ -277,3 +278,4 @@ inline void shared_mutex::unlock_shared() noexcept {
 }
 
 }  // namespace percpu
+#pragma GCC visibility pop

@@ -9,7 +9,8 @@
 #         allocators (jemalloc, gperftools' tcmalloc),
 #         sync (TBB and liburcu, the benchmarks of shared_mutex and ref),
 #         gbench-tools (Google Benchmark's compare.py and the scipy it needs:
-#                percpu_bench_test runs it on percpu-bench --gbench-json).
+#                percpu_bench_test runs it on percpu-bench --gbench-json),
+#         abi (abigail-tools: abidw and abidiff, scripts/abi.sh).
 set -euo pipefail
 
 packages=()
@@ -23,6 +24,7 @@ for group in "$@"; do
     allocators) packages+=(libjemalloc-dev libgoogle-perftools-dev) ;;
     sync) packages+=(libtbb-dev liburcu-dev) ;;
     gbench-tools) packages+=(libbenchmark-tools python3-scipy) ;;
+    abi) packages+=(abigail-tools) ;;
     *) echo "deps.sh: unknown group '$group'" >&2; exit 2 ;;
   esac
 done

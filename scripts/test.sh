@@ -16,7 +16,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 export PERCPU_STRESS_SCALE=${PERCPU_STRESS_SCALE:-1}
 export CTEST_OUTPUT_ON_FAILURE=1
 
-all_lanes=(default clang asan-ubsan tsan valgrind rseq-off seams aarch64-user aarch64-system kernels warnings consumer subproject mutants)
+all_lanes=(default clang asan-ubsan tsan valgrind rseq-off seams aarch64-user aarch64-system kernels warnings consumer subproject package mutants)
 describe() {
   case "$1" in
     default) echo "g++, Release with assertions, -Werror: the whole ctest suite (every mode variant)" ;;
@@ -32,6 +32,7 @@ describe() {
     warnings) echo "-Wall -Wextra -Werror with g++ and clang (done by default/clang), and percpu.h compiled as C" ;;
     consumer) echo "install the shared library and build a consumer with find_package and pkg-config; aarch64 cross install" ;;
     subproject) echo "a parent project with include(CTest) takes percpu by add_subdirectory, FetchContent, find_package: no percpu test, target or build type in it" ;;
+    package) echo "the Debian packages (cpack): dpkg -i, a consumer with find_package and pkg-config, dpkg --purge leaves nothing; abidiff against abi/libpercpu.abi" ;;
     mutants) echo "each deliberate bug in tests/mutants/*.patch, planted in a scratch copy (clang++): the tests named for it must fail" ;;
   esac
 }
@@ -58,6 +59,7 @@ for l in "${lanes[@]}"; do
     clang|warnings|mutants) groups+=(clang) ;;
     valgrind) groups+=(valgrind) ;;
     aarch64-*|kernels) groups+=(aarch64) ;;
+    package) groups+=(abi) ;;
   esac
 done
 groups+=(allocators sync aarch64)  # benchmarks link the allocators, TBB and liburcu; the aarch64 probe is always checked
@@ -163,6 +165,10 @@ lane_consumer() {
 # docs/adopting.md's recipes; library builds only.
 lane_subproject() {
   "$root/tests/subproject/run.sh" "$B"
+}
+
+lane_package() {
+  (cd "$root" && PACKAGE_BUILD_DIR="$B" scripts/lanes/package.sh)
 }
 
 # One scratch copy and one build directory kept between runs, so each mutant

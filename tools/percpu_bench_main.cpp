@@ -11,6 +11,7 @@
 #include <iostream>
 #include <string>
 
+#include "percpu/version.h"
 #include "tools/percpu_bench.hpp"
 
 namespace {
@@ -87,6 +88,7 @@ int main(int argc, char** argv) {
                  "Also write the figures in Google Benchmark's JSON format, which its "
                  "tools/compare.py reads");
   app.add_option("--internal-child", opts.child_row)->group("");  // the rseq-off child
+  app.set_version_flag("--version", "percpu-bench " PERCPU_VERSION_STRING);
   app.footer(
       "Rows for --only: glibc_sched_getcpu, glibc_sched_getcpu_rseq_off, percpu_sched_getcpu,\n"
       "cpu_id, vdso_getcpu, rdpid, rdtscp, syscall_getcpu, thread_local, arm64 (the arm64 table).\n"
@@ -98,6 +100,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
+    return 0;
+  } catch (const CLI::CallForVersion& e) {
+    std::cout << e.what() << "\n";
     return 0;
   } catch (const CLI::ParseError& e) {
     std::cerr << "percpu-bench: error: " << e.what() << "\n\n" << app.help();

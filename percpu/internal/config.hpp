@@ -13,6 +13,18 @@
 // wrapper call that an extern thread_local may need in other units.
 #define PERCPU_STATIC_TLS __attribute__((tls_model("initial-exec")))
 
+// libpercpu.so exports only what the public headers need (docs/abi.md): the
+// library is compiled with -fvisibility=hidden, each public header wraps its
+// declarations in `#pragma GCC visibility push(default)`, and the few
+// internal declarations that the headers' inline code calls or reads (the
+// fast paths' slow halves and globals, listed in abi/internal-exports.txt)
+// say so with PERCPU_EXPORT. Those stay exported deliberately: a program
+// inlines the fast path and must reach them in the library.
+#define PERCPU_EXPORT __attribute__((visibility("default")))
+// The opposite, for a public class's private helper that only the library's
+// own code calls: not exported, so it may change without an ABI change.
+#define PERCPU_LOCAL __attribute__((visibility("hidden")))
+
 namespace percpu {
 namespace internal {
 

@@ -159,7 +159,7 @@ void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept;
 // Marks the calling thread as a section user (t_section_state, see
 // registration.hpp) and returns its new state: marked, or forced_locked
 // under the test seam below.
-[[nodiscard]] section_user mark_section_user() noexcept;
+[[nodiscard]] PERCPU_EXPORT section_user mark_section_user() noexcept;
 
 // The area for owner sections of the calling thread, or nullptr when it must
 // use the locked path (no rseq, or the seam says so). The state word is read
@@ -173,7 +173,7 @@ void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept;
 // area after start-up), so its operations do not call out to ask again each
 // time. Before start-up the area check fails and the state offset is 0: the
 // word there is a pointer, which is never no_rseq, so that costs a call.
-[[nodiscard]] rseq_area* section_area_slow() noexcept;
+[[nodiscard]] PERCPU_EXPORT rseq_area* section_area_slow() noexcept;
 [[nodiscard]] inline rseq_area* section_area() noexcept {
   // The bound first, with acquire order, as in rseq_area_for_sections(): 0
   // before start-up and where sections are off.

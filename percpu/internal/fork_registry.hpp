@@ -11,11 +11,14 @@
 // unregister while holding a flag.
 #pragma once
 
+#include "percpu/internal/config.hpp"
+
 namespace percpu {
 namespace internal {
 
 // A structure whose flags must be held across fork().
-class fork_participant {
+// Exported: the public structures derive from it (its type information).
+class PERCPU_EXPORT fork_participant {
  public:
   virtual void before_fork() noexcept = 0;  // take every flag, waiting if needed
   virtual void after_fork() noexcept = 0;   // release them (parent and child)
@@ -23,8 +26,9 @@ class fork_participant {
  protected:
   fork_participant() = default;
   ~fork_participant() = default;
-  void register_for_fork() noexcept;
-  void unregister_for_fork() noexcept;
+  // Called by the structures' own code in the library only: not exported.
+  __attribute__((visibility("hidden"))) void register_for_fork() noexcept;
+  __attribute__((visibility("hidden"))) void unregister_for_fork() noexcept;
 
  private:
   friend struct fork_registry;

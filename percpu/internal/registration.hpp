@@ -25,8 +25,8 @@ namespace internal {
 // check of their own: until start-up ends their bounds reject every load
 // (see fast_path_offsets), which sends them to slow paths that call this.
 constexpr int kInitNotStarted = 0, kInitRunning = 1, kInitDone = 2;
-extern std::atomic<int> g_init_state;
-[[nodiscard]] bool initialize_now() noexcept;
+extern PERCPU_EXPORT std::atomic<int> g_init_state;
+[[nodiscard]] PERCPU_EXPORT bool initialize_now() noexcept;
 [[nodiscard]] inline bool ensure_initialized() noexcept {
   if (__builtin_expect(g_init_state.load(std::memory_order_acquire) == kInitDone, 1)) return true;
   return initialize_now();
@@ -38,7 +38,7 @@ extern std::atomic<int> g_init_state;
 // registering it first if due; nullptr when this thread must use the
 // structures' no-rseq paths: no rseq, a foreign area registered with another
 // signature, or sections turned off (rseq_sections_enabled()).
-[[nodiscard]] rseq_area* registered_rseq_area() noexcept;
+[[nodiscard]] PERCPU_EXPORT rseq_area* registered_rseq_area() noexcept;
 
 // Whether the per-CPU structures run rseq critical sections in this process.
 // False on arm64 kernels that do not abort a section preempted and resumed on

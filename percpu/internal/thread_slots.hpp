@@ -67,8 +67,8 @@ struct alignas(64) thread_slot {
 // Async-signal-safe (the first call on a thread makes a few system calls).
 // Only for out-of-line slow paths: it reads TLS the compiler's way, which a
 // coroutine resumed on another thread must not have cached (cpu.hpp).
-extern __thread int t_thread_index_plus_one PERCPU_STATIC_TLS;
-int claim_thread_index() noexcept;
+extern PERCPU_EXPORT __thread int t_thread_index_plus_one PERCPU_STATIC_TLS;
+PERCPU_EXPORT int claim_thread_index() noexcept;
 [[nodiscard]] inline int thread_index() noexcept {
   const int plus_one = t_thread_index_plus_one;
   if (__builtin_expect(plus_one > 0, 1)) return plus_one - 1;

@@ -24,8 +24,6 @@
 # SOURCE_DIR (default: this checkout) is copied, tracked and untracked-but-
 # not-ignored files as they are now, into WORK_DIR/percpu, made a git
 # repository (branch main) for FetchContent: a fresh clone of the tree.
-# TODO(coordinator): once PERCPU_INSTALL exists (branch package), also check
-# that the parent's `cmake --install` installs nothing of percpu's.
 set -euo pipefail
 
 failures=0
@@ -133,6 +131,15 @@ check_parent() {  # way, build type
     { cat "$dir/ctest.log"; fail "$way: the parent's tests fail"; }
   local out
   out=$("$dir/app") && [[ $out == *": ok" ]] && say "$out" || fail "$way: the program printed '$out'"
+  # The parent installs only its own app: percpu's install rules are behind
+  # PERCPU_INSTALL, OFF inside another project.
+  local installed
+  rm -rf "$dir/installed"
+  cmake --install "$dir" --prefix "$dir/installed" >"$dir/install.log" 2>&1 ||
+    { tail -30 "$dir/install.log"; fail "$way: the parent's install fails"; return; }
+  installed=$(cd "$dir/installed" && find . -type f -o -type l | sort | tr '\n' ' ')
+  [[ $installed == "./bin/app " ]] && say "the parent's install: $installed" ||
+    fail "$way: the parent's install holds more than its app: $installed"
 }
 
 parent add_subdirectory "" add_subdirectory && check_parent add_subdirectory ""
