@@ -59,6 +59,7 @@
 #include "percpu/internal/cpu_slots.hpp"
 #include "percpu/internal/fork_registry.hpp"
 #include "percpu/internal/rseq_cs.hpp"
+#include "percpu/internal/sanitizers.hpp"
 #include "percpu/internal/thread_slots.hpp"
 
 namespace percpu {
@@ -153,7 +154,10 @@ inline void ref::get() noexcept {
   add_slow(1, false, nullptr);
 }
 
+// TSan (internal/sanitizers.hpp): put releases the ref, and release_now()
+// acquires it before it calls the release function.
 inline void ref::put() noexcept {
+  PERCPU_TSAN_RELEASE(this);
   if (__builtin_expect(add_local(-2), 1)) return;
   add_slow(-1, false, nullptr);
 }
