@@ -47,6 +47,9 @@
 //   same). take_all is thread-safe and async-signal-safe. Construction and
 //   destruction are neither; destroy only when no other thread uses the list.
 //   fork() is supported: the child keeps every node the parent had listed.
+//   ThreadSanitizer in your build sees each push() happen before the pop(),
+//   try_pop_local() or take_all() that returns the node, however percpu was
+//   built (README, "Sanitizers in your build").
 #pragma once
 
 #include <cstddef>

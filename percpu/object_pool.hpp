@@ -57,6 +57,9 @@
 //   destruction are not thread-safe. fork() is supported, from any thread and
 //   while other threads and their signal handlers use the pool: the child
 //   keeps using it.
+//   ThreadSanitizer in your build sees each deallocate() happen before the
+//   allocate() that returns that object again, however percpu was built
+//   (README, "Sanitizers in your build").
 #pragma once
 
 #include <cstddef>

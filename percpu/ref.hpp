@@ -40,6 +40,9 @@
 //   kill() is thread-safe but not async-signal-safe (it may wait for a fork
 //   in progress). The release function runs on the thread whose put() or
 //   kill() dropped the last reference.
+//   ThreadSanitizer in your build sees every put() and the kill() happen
+//   before the release function, however percpu was built (README,
+//   "Sanitizers in your build").
 //
 // Misuse (debug builds, NDEBUG not defined: one line on stderr, then abort)
 //   kill() twice; a put() that takes the count below zero (seen once the

@@ -68,6 +68,10 @@
 //   a read lock, and unlock_shared() without lock_shared(): each prints one
 //   line and aborts. lock(), try_lock() and unlock() are not for signal
 //   handlers.
+//   ThreadSanitizer in your build sees the lock order each section after the
+//   write sections before it (and a write section after the read sections
+//   too), never one reader after another, however percpu was built (README,
+//   "Sanitizers in your build").
 //
 // Fork
 //   A mutex registers for fork at its first use. fork() waits until no
