@@ -146,6 +146,7 @@ inline bool ref::add_local(std::intptr_t step) noexcept {
   }
   std::intptr_t* word = &slots_[cpu].rseq.head;
   const std::intptr_t seen = *reinterpret_cast<volatile std::intptr_t*>(word);
+  if (step < 0) PERCPU_TSAN_RELEASE(this);  // a put: after its last read of *this
   return __builtin_expect(seen != internal::kSlotLocked, 1) &&
          __builtin_expect(internal::rseq_cmpeqv_storev<index_kind::cpu_id>(area, word, seen,
                                                                            seen + step, cpu) == 0,
@@ -157,11 +158,13 @@ inline void ref::get() noexcept {
   add_slow(1, false, nullptr);
 }
 
-// TSan (internal/sanitizers.hpp): put releases the ref, and release_now()
-// acquires it before it calls the release function.
+// TSan (internal/sanitizers.hpp): put releases the ref after its last
+// access to it that TSan sees (in add_local, or here before the library's
+// slow path), and release_now() acquires it before it calls the release
+// function.
 inline void ref::put() noexcept {
-  PERCPU_TSAN_RELEASE(this);
   if (__builtin_expect(add_local(-2), 1)) return;
+  PERCPU_TSAN_RELEASE(this);
   add_slow(-1, false, nullptr);
 }
 
