@@ -283,6 +283,9 @@ free_list_node* free_list::take_all() noexcept {
     }
   }
   append(as_node(internal::side_take_all(&overflow_)));
+  if (internal::tsan_present()) {
+    for (free_list_node* n = first; n != nullptr; n = n->next) internal::tsan_acquire(n);
+  }
   return first;
 }
 

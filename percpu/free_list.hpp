@@ -47,6 +47,9 @@
 //   same). take_all is thread-safe and async-signal-safe. Construction and
 //   destruction are neither; destroy only when no other thread uses the list.
 //   fork() is supported: the child keeps every node the parent had listed.
+//   ThreadSanitizer in your build sees each push() happen before the pop(),
+//   try_pop_local() or take_all() that returns the node, however percpu was
+//   built (README, "Sanitizers in your build").
 #pragma once
 
 #include <cstddef>
@@ -55,6 +58,7 @@
 #include "percpu/internal/cpu_slots.hpp"
 #include "percpu/internal/fork_registry.hpp"
 #include "percpu/internal/rseq_cs.hpp"
+#include "percpu/internal/sanitizers.hpp"
 #include "percpu/internal/side_stack.hpp"
 #include "percpu/internal/thread_slots.hpp"
 
@@ -125,7 +129,10 @@ class free_list final : private internal::fork_participant {
   internal::side_stack overflow_;
 };
 
+// TSan (internal/sanitizers.hpp): push releases the node, and whoever pops
+// it (pop, try_pop_local, take_all) acquires it.
 inline void free_list::push(free_list_node* node) noexcept {
+  PERCPU_TSAN_RELEASE(node);
   internal::rseq_area* area = internal::section_area();
   if (__builtin_expect(area != nullptr, 1) &&
       __builtin_expect(internal::push_local_chain(area, slots_, slot_count_, node, node), 1)) {
@@ -141,9 +148,13 @@ inline free_list_node* free_list::try_pop_local() noexcept {
       __builtin_expect(internal::pop_local_head(area, slots_, slot_count_,
                                                 offsetof(free_list_node, next), &popped),
                        1)) {
-    return popped != end() ? reinterpret_cast<free_list_node*>(popped) : nullptr;
+    if (popped == end()) return nullptr;
+    PERCPU_TSAN_ACQUIRE(reinterpret_cast<free_list_node*>(popped));
+    return reinterpret_cast<free_list_node*>(popped);
   }
-  return pop_slow(true, area != nullptr);
+  free_list_node* node = pop_slow(true, area != nullptr);
+  if (node != nullptr) PERCPU_TSAN_ACQUIRE(node);
+  return node;
 }
 
 inline free_list_node* free_list::pop() noexcept {
@@ -154,9 +165,13 @@ inline free_list_node* free_list::pop() noexcept {
                                                 offsetof(free_list_node, next), &popped),
                        1) &&
       __builtin_expect(popped != end(), 1)) {
+    PERCPU_TSAN_ACQUIRE(reinterpret_cast<free_list_node*>(popped));
     return reinterpret_cast<free_list_node*>(popped);
   }
-  return pop_slow(false, area != nullptr);  // empty here, or this CPU's list is unavailable
+  // Empty here, or this CPU's list is unavailable.
+  free_list_node* node = pop_slow(false, area != nullptr);
+  if (node != nullptr) PERCPU_TSAN_ACQUIRE(node);
+  return node;
 }
 
 }  // namespace percpu

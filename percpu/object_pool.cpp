@@ -185,6 +185,7 @@ bool object_pool::carve_chunk_locked() noexcept {
   c->first = reinterpret_cast<char*>(aligned) + header;
   c->objects = (kChunkBytes - header) / stride_;
   c->next = chunks_;
+  internal::tsan_release(c);  // the mapping, for the threads that carve from it (depot_take)
   __atomic_store_n(&chunks_, c, __ATOMIC_RELEASE);
   carve_next_ = c->first;
   carve_end_ = c->first + c->objects * stride_;
@@ -226,9 +227,14 @@ object_pool::node* object_pool::depot_take(std::intptr_t want, node** last,
     --depot_count_;
     add(x);
   }
+  const bool tsan = n < want && internal::tsan_present();
   while (n < want) {
     if (carve_next_ == carve_end_ && !carve_chunk_locked()) break;
     node* x = reinterpret_cast<node*>(carve_next_);
+    if (tsan) {  // a new object: its mapping comes before its first owner (object_pool.hpp)
+      internal::tsan_acquire(chunks_);
+      internal::tsan_release(x);
+    }
     carve_next_ += stride_;
     ++carved_;
     add(x);

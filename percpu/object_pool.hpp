@@ -57,6 +57,9 @@
 //   destruction are not thread-safe. fork() is supported, from any thread and
 //   while other threads and their signal handlers use the pool: the child
 //   keeps using it.
+//   ThreadSanitizer in your build sees each deallocate() happen before the
+//   allocate() that returns that object again, however percpu was built
+//   (README, "Sanitizers in your build").
 #pragma once
 
 #include <cstddef>
@@ -65,6 +68,7 @@
 #include "percpu/internal/cpu_slots.hpp"
 #include "percpu/internal/fork_registry.hpp"
 #include "percpu/internal/rseq_cs.hpp"
+#include "percpu/internal/sanitizers.hpp"
 #include "percpu/internal/side_stack.hpp"
 #include "percpu/internal/thread_slots.hpp"
 
@@ -138,9 +142,17 @@ class object_pool final : private internal::fork_participant {
   using slot = internal::cpu_slot;
 
   std::intptr_t end() const noexcept { return reinterpret_cast<std::intptr_t>(&end_); }
+#if defined(PERCPU_TSAN)
+  // The read is speculative (the head may have been allocated meanwhile, and
+  // the section then fails): under TSan a plain load it does not see.
+  PERCPU_TSAN_UNSEEN static std::intptr_t depth_of(std::intptr_t head) noexcept {
+    return *reinterpret_cast<volatile std::intptr_t*>(&reinterpret_cast<node*>(head)->depth);
+  }
+#else
   static std::intptr_t depth_of(std::intptr_t head) noexcept {
     return __atomic_load_n(&reinterpret_cast<node*>(head)->depth, __ATOMIC_RELAXED);
   }
+#endif
   // has_sections: what the inline path's section_area() answered, so the
   // slow path of a thread without rseq does not ask again.
   void* allocate_slow(bool has_sections) noexcept;
@@ -196,6 +208,9 @@ class object_pool final : private internal::fork_participant {
   internal::side_stack overflow_;
 };
 
+// TSan (internal/sanitizers.hpp): deallocate releases the object after its
+// last store to it, and allocate acquires what it returns, so the next
+// owner's accesses come after the previous owner's.
 inline void* object_pool::allocate() noexcept {
   internal::rseq_area* area = internal::section_area();
   std::intptr_t popped = 0;
@@ -204,10 +219,13 @@ inline void* object_pool::allocate() noexcept {
           internal::pop_local_head(area, slots_, slot_count_, offsetof(node, next), &popped), 1) &&
       __builtin_expect(popped != end(), 1)) {
     void* p = reinterpret_cast<void*>(popped);
+    PERCPU_TSAN_ACQUIRE(p);
     if (__builtin_expect(checks_, 0)) check_allocate(p);
     return p;
   }
-  return allocate_slow(area != nullptr);  // empty (refill from the depot), locked, or no rseq
+  void* p = allocate_slow(area != nullptr);  // empty (refill from the depot), locked, or no rseq
+  if (p != nullptr) PERCPU_TSAN_ACQUIRE(p);
+  return p;
 }
 
 inline void object_pool::deallocate(void* p) noexcept {
@@ -229,6 +247,7 @@ inline void object_pool::deallocate(void* p) noexcept {
       if (depth >= capacity_) break;  // full: spill a batch
       n->next = reinterpret_cast<node*>(expect);
       n->depth = depth + 1;
+      PERCPU_TSAN_RELEASE(n);
       if (internal::rseq_cmpeqv_cmpeqv_storev<index_kind::cpu_id>(
               area, head, expect, &reinterpret_cast<node*>(expect)->depth, depth,
               reinterpret_cast<std::intptr_t>(n), cpu) == 0) {
@@ -236,6 +255,7 @@ inline void object_pool::deallocate(void* p) noexcept {
       }
     }
   }
+  PERCPU_TSAN_RELEASE(n);
   deallocate_slow(n, area != nullptr);
 }
 

@@ -88,6 +88,7 @@ void ref::release_now() noexcept {
   if (released_.exchange(1, std::memory_order_acq_rel) != 0) {
     die("percpu::ref: the count reached zero twice (put without get)\n");
   }
+  internal::tsan_acquire(this);  // every put(), and kill()
   if (release_ != nullptr) release_(context_);
 }
 
@@ -190,6 +191,7 @@ bool ref::try_get() noexcept {
 }
 
 void ref::kill() noexcept {
+  internal::tsan_release(this);  // drops the owner's reference, as put() does (ref.hpp)
   if (killed_.exchange(1, std::memory_order_acq_rel) != 0) {
 #ifndef NDEBUG
     die("percpu::ref::kill: called twice\n");

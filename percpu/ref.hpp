@@ -40,6 +40,9 @@
 //   kill() is thread-safe but not async-signal-safe (it may wait for a fork
 //   in progress). The release function runs on the thread whose put() or
 //   kill() dropped the last reference.
+//   ThreadSanitizer in your build sees every put() and the kill() happen
+//   before the release function, however percpu was built (README,
+//   "Sanitizers in your build").
 //
 // Misuse (debug builds, NDEBUG not defined: one line on stderr, then abort)
 //   kill() twice; a put() that takes the count below zero (seen once the
@@ -59,6 +62,7 @@
 #include "percpu/internal/cpu_slots.hpp"
 #include "percpu/internal/fork_registry.hpp"
 #include "percpu/internal/rseq_cs.hpp"
+#include "percpu/internal/sanitizers.hpp"
 #include "percpu/internal/thread_slots.hpp"
 
 #pragma GCC visibility push(default)  // exported (see percpu/cpu.hpp)
@@ -143,6 +147,7 @@ inline bool ref::add_local(std::intptr_t step) noexcept {
   }
   std::intptr_t* word = &slots_[cpu].rseq.head;
   const std::intptr_t seen = *reinterpret_cast<volatile std::intptr_t*>(word);
+  if (step < 0) PERCPU_TSAN_RELEASE(this);  // a put: after its last read of *this
   return __builtin_expect(seen != internal::kSlotLocked, 1) &&
          __builtin_expect(internal::rseq_cmpeqv_storev<index_kind::cpu_id>(area, word, seen,
                                                                            seen + step, cpu) == 0,
@@ -154,8 +159,13 @@ inline void ref::get() noexcept {
   add_slow(1, false, nullptr);
 }
 
+// TSan (internal/sanitizers.hpp): put releases the ref after its last
+// access to it that TSan sees (in add_local, or here before the library's
+// slow path), and release_now() acquires it before it calls the release
+// function.
 inline void ref::put() noexcept {
   if (__builtin_expect(add_local(-2), 1)) return;
+  PERCPU_TSAN_RELEASE(this);
   add_slow(-1, false, nullptr);
 }
 

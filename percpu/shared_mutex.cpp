@@ -193,6 +193,7 @@ std::uint32_t shared_mutex::initialize() noexcept {
           &internal::g_reader_index_offset,
           reinterpret_cast<char*>(&internal::t_thread_index_plus_one) - internal::thread_pointer(),
           __ATOMIC_RELAXED);
+      internal::tsan_release(&words_);  // readers acquire it in reader_word()
       internal::reader_word* expected = nullptr;
       if (!words_.compare_exchange_strong(expected, static_cast<internal::reader_word*>(memory),
                                           std::memory_order_acq_rel, std::memory_order_acquire)) {
@@ -420,9 +421,8 @@ void shared_mutex::lock() noexcept {
 #if !defined(__x86_64__)
   fence_readers(state);
 #endif
-#if defined(PERCPU_TSAN)
-  __tsan_acquire(this);
-#endif
+  internal::tsan_acquire(this);                // the previous writer's unlock()
+  internal::tsan_acquire(readers_released());  // every reader's unlock_shared()
   writer_thread_.store(static_cast<std::uintptr_t>(pthread_self()), std::memory_order_relaxed);
 }
 
@@ -445,17 +445,14 @@ bool shared_mutex::try_lock() noexcept {
 #if !defined(__x86_64__)
   fence_readers(state);
 #endif
-#if defined(PERCPU_TSAN)
-  __tsan_acquire(this);
-#endif
+  internal::tsan_acquire(this);                // the previous writer's unlock()
+  internal::tsan_acquire(readers_released());  // every reader's unlock_shared()
   writer_thread_.store(static_cast<std::uintptr_t>(pthread_self()), std::memory_order_relaxed);
   return true;
 }
 
 void shared_mutex::unlock() noexcept {
-#if defined(PERCPU_TSAN)
-  __tsan_release(this);
-#endif
+  internal::tsan_release(this);  // readers' lock_shared() and the next writer acquire it
   const std::uint32_t state = state_.load(std::memory_order_relaxed);
   if ((state & kWriter) == 0) {
 #ifndef NDEBUG

@@ -68,6 +68,10 @@
 //   a read lock, and unlock_shared() without lock_shared(): each prints one
 //   line and aborts. lock(), try_lock() and unlock() are not for signal
 //   handlers.
+//   ThreadSanitizer in your build sees the lock order each section after the
+//   write sections before it (and a write section after the read sections
+//   too), never one reader after another, however percpu was built (README,
+//   "Sanitizers in your build").
 //
 // Fork
 //   A mutex registers for fork at its first use. fork() waits until no
@@ -90,19 +94,9 @@
 #include "percpu/counter.hpp"
 #include "percpu/internal/cpu_slots.hpp"
 #include "percpu/internal/fork_registry.hpp"
+#include "percpu/internal/sanitizers.hpp"
 #include "percpu/internal/thread_pointer.hpp"
 #include "percpu/internal/thread_slots.hpp"
-
-#if defined(__SANITIZE_THREAD__)
-#define PERCPU_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define PERCPU_TSAN 1
-#endif
-#endif
-#if defined(PERCPU_TSAN)
-#include <sanitizer/tsan_interface.h>
-#endif
 
 #pragma GCC visibility push(default)  // exported (see percpu/cpu.hpp)
 namespace percpu {
@@ -161,6 +155,11 @@ class shared_mutex : private internal::fork_participant {
   static constexpr std::uint32_t kGeneration = 8;
 
   using word = std::atomic<std::int64_t>;
+  // TSan's view of the lock (internal/sanitizers.hpp): writers release
+  // `this` and readers and writers acquire it; readers release
+  // readers_released() and only writers acquire it, so TSan sees no edge
+  // from one reader to another.
+  const void* readers_released() const noexcept { return reinterpret_cast<const char*>(this) + 1; }
   // The calling thread's word, or nullptr: the per-CPU counts then.
   word* reader_word() const noexcept;
   static void add(word* w, std::int64_t step) noexcept;
@@ -210,6 +209,7 @@ class shared_mutex : private internal::fork_participant {
 inline shared_mutex::word* shared_mutex::reader_word() const noexcept {
   internal::reader_word* words = words_.load(std::memory_order_acquire);
   if (__builtin_expect(words == nullptr, 0)) return nullptr;
+  PERCPU_TSAN_ACQUIRE(&words_);  // initialize() mapped them on another thread
   const int plus_one = internal::load_tp_relative_i32(
       __atomic_load_n(&internal::g_reader_index_offset, __ATOMIC_RELAXED));
   if (__builtin_expect(plus_one <= 0, 0)) return nullptr;
@@ -234,6 +234,7 @@ inline void shared_mutex::lock_shared() noexcept {
   } else {
     lock_shared_counted();
   }
+  PERCPU_TSAN_ACQUIRE(this);
 #ifndef NDEBUG
   internal::note_read_locked(this);
 #endif
@@ -251,6 +252,7 @@ inline bool shared_mutex::try_lock_shared() noexcept {
   } else if (!try_lock_shared_counted()) {
     return false;
   }
+  PERCPU_TSAN_ACQUIRE(this);
 #ifndef NDEBUG
   internal::note_read_locked(this);
 #endif
@@ -261,9 +263,7 @@ inline void shared_mutex::unlock_shared() noexcept {
 #ifndef NDEBUG
   internal::note_read_unlocked(this);
 #endif
-#if defined(PERCPU_TSAN)
-  __tsan_release(this);  // TSan cannot see membarrier; the writer acquires this
-#endif
+  PERCPU_TSAN_RELEASE(readers_released());  // the next writer's lock() acquires it
   word* w = reader_word();
   if (__builtin_expect(w == nullptr, 0)) {
     unlock_shared_counted();

@@ -5,7 +5,7 @@
 #
 # Groups: build (compiler, CMake, GoogleTest, Google Benchmark, CLI11,
 #                nlohmann-json for percpu-bench's JSON),
-#         clang, valgrind, aarch64 (cross compiler, qemu-user, qemu-system),
+#         clang (with its sanitizer runtimes), valgrind, aarch64 (cross compiler, qemu-user, qemu-system),
 #         allocators (jemalloc, gperftools' tcmalloc),
 #         sync (TBB and liburcu, the benchmarks of shared_mutex and ref),
 #         gbench-tools (Google Benchmark's compare.py and the scipy it needs:
@@ -18,7 +18,7 @@ for group in "$@"; do
   case "$group" in
     build) packages+=(build-essential cmake ninja-build pkg-config libgtest-dev libbenchmark-dev
                       libcli11-dev nlohmann-json3-dev binutils python3) ;;
-    clang) packages+=(clang) ;;
+    clang) packages+=(clang libclang-rt-dev) ;;  # the runtime: clang's -fsanitize=thread|address|memory
     valgrind) packages+=(valgrind) ;;
     aarch64) packages+=(g++-aarch64-linux-gnu qemu-user qemu-system-arm cpio) ;;
     allocators) packages+=(libjemalloc-dev libgoogle-perftools-dev) ;;

@@ -30,7 +30,7 @@ describe() {
     aarch64-system) echo "aarch64 static tests in an initramfs on Debian's arm64 kernel, qemu-system -smp 2 (real rseq)" ;;
     kernels) echo "Debian kernels 5.10-7.3 (x86-64 TCG, arm64) x glibc 2.36-2.44 x rseq modes; writes docs/compatibility.md" ;;
     warnings) echo "-Wall -Wextra -Werror with g++ and clang (done by default/clang), and percpu.h compiled as C" ;;
-    consumer) echo "install the shared library and build a consumer with find_package and pkg-config; aarch64 cross install" ;;
+    consumer) echo "install the shared library and build a consumer with find_package and pkg-config; TSan/ASan/MSan consumers of the uninstrumented install; aarch64 cross install" ;;
     subproject) echo "a parent project with include(CTest) takes percpu by add_subdirectory, FetchContent, find_package: no percpu test, target or build type in it" ;;
     package) echo "the Debian packages (cpack): dpkg -i, a consumer with find_package and pkg-config, dpkg --purge leaves nothing; abidiff against abi/libpercpu.abi" ;;
     mutants) echo "each deliberate bug in tests/mutants/*.patch, planted in a scratch copy (clang++): the tests named for it must fail" ;;
@@ -56,7 +56,7 @@ done
 groups=(build)
 for l in "${lanes[@]}"; do
   case "$l" in
-    clang|warnings|mutants) groups+=(clang) ;;
+    clang|warnings|mutants|consumer) groups+=(clang) ;;
     valgrind) groups+=(valgrind) ;;
     aarch64-*|kernels) groups+=(aarch64) ;;
     package) groups+=(abi) ;;
@@ -149,6 +149,8 @@ lane_consumer() {
   # need nothing but the cross compiler and CMake.
   echo "--- consumer: shared library"
   "$root/tests/consumer/run.sh" "$root" -DBUILD_SHARED_LIBS=ON || return 1
+  echo "--- consumer: sanitizers in the user's build (TSan, ASan+UBSan, MSan) against the uninstrumented install"
+  "$root/tests/consumer/sanitizers.sh" "$root" || return 1
   echo "--- consumer: aarch64 cross build and install, BUILD_TESTING=OFF, PERCPU_BUILD_TOOLS=OFF"
   cmake -S "$root" -B "$B/aarch64" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF \
     -DPERCPU_BUILD_TOOLS=OFF -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 \

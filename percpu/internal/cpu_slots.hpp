@@ -88,6 +88,7 @@
 #include <cstdint>
 
 #include "percpu/internal/rseq_cs.hpp"
+#include "percpu/internal/sanitizers.hpp"
 
 namespace percpu {
 namespace internal {
@@ -280,6 +281,7 @@ template <class Node>
     // Read outside the section, so it may be stale: the section's compare
     // makes it commit only if the head is still `expect`.
     last->next = reinterpret_cast<Node*>(expect);
+    PERCPU_TSAN_RELEASE(last);  // the store above, for whoever pops `last` (sanitizers.hpp)
     if (rseq_cmpeqv_storev<index_kind::cpu_id>(area, head, expect,
                                                reinterpret_cast<std::intptr_t>(first), cpu) == 0) {
       return true;
