@@ -22,8 +22,10 @@ need_packages() {
 # configuration, into one cache that every build directory shares (VM_CACHE
 # points a worktree at another checkout's cache instead of downloading again).
 VM_CACHE=${VM_CACHE:-$REPO/build/kernels-cache}
-fetch() {  # kernel|libc6|busybox ARCH SUITE -> path (see fetch.sh)
-  "$REPO/scripts/lanes/vm/fetch.sh" "$VM_CACHE" "$@" || die "cannot fetch $1 for $2 from $3"
+# fetch.sh warns about a suite whose index cannot be had and fails only for a
+# package wanted from it, saying which (suite, arch, package).
+fetch() {  # kernel|libc6|busybox ARCH SUITE[,SUITE...] -> path (see fetch.sh)
+  "$REPO/scripts/lanes/vm/fetch.sh" "$VM_CACHE" "$@" || die "cannot fetch $1 for $2 from $3 (fetch.sh said why above)"
 }
 debarch() { [[ $1 == x86_64 ]] && echo amd64 || echo arm64; }
 
@@ -32,7 +34,9 @@ debarch() { [[ $1 == x86_64 ]] && echo amd64 || echo arm64; }
 vm_root() {  # ROOT ARCH
   rm -rf "$1"
   mkdir -p "$1/bin" "$1/lane"
-  cp "$(fetch busybox "$(debarch "$2")" bookworm)" "$1/bin/busybox"
+  # Any suite's static busybox runs /init: bookworm's, or trixie's when
+  # bookworm's index cannot be had.
+  cp "$(fetch busybox "$(debarch "$2")" bookworm,trixie)" "$1/bin/busybox"
   cp "$REPO/scripts/lanes/vm/init.sh" "$1/init"
   chmod +x "$1/init" "$1/bin/busybox"
 }
