@@ -55,8 +55,11 @@ vm_boot() {  # ARCH KERNEL INITRD LIMIT [KERNEL_ARG...]
   else
     qemu=(qemu-system-x86_64 -accel tcg -cpu max -M pc) console=ttyS0
   fi
+  # -nic none: the VMs need no network, and qemu's default NIC wants an
+  # option ROM (efi-virtio.rom, efi-e1000.rom) from ipxe-qemu, which an
+  # install without recommends lacks ("failed to find romfile").
   timeout --kill-after=10 "$limit" "${qemu[@]}" -smp 2 -m 1024 -display none -no-reboot \
-    -monitor none -serial stdio -kernel "$kernel" -initrd "$initrd" \
+    -nic none -monitor none -serial stdio -kernel "$kernel" -initrd "$initrd" \
     -append "console=$console panic=-1 loglevel=4 rdinit=/init TAG=$LANE $*" </dev/null 2>&1 |
     tr -d '\r'
   return "${PIPESTATUS[0]}"
