@@ -40,7 +40,8 @@
 #   VM_FETCH_SOURCES         a sources.list to use instead of deb.debian.org's five suites
 #   VM_FETCH_RETRIES         Acquire::Retries (default 5)
 #   VM_FETCH_UPDATE_ATTEMPTS apt-get update runs while an index is missing (default 3)
-#   VM_FETCH_RETRY_DELAY     seconds between those runs (default 20)
+#   VM_FETCH_RETRY_DELAY     seconds before the second of those runs, twice that before
+#                            the third... (default 20: a mirror mid-sync gets a minute)
 set -euo pipefail
 
 CACHE=$1 WHAT=$2 ARCH=$3 SUITES=$4
@@ -129,8 +130,8 @@ update() {  # reason [wanted]
     gone=$(missing)
     if [[ -n ${2:-} ]]; then grep -qxF "$2" <<<"$gone" || break; else [[ -z $gone ]] && break; fi
     ((attempt < ATTEMPTS)) || break
-    echo "fetch: apt-get update exited $rc; missing: $(tr '\n' ' ' <<<"$gone"); again in ${DELAY}s" >&2
-    sleep "$DELAY"
+    echo "fetch: apt-get update exited $rc; missing: $(tr '\n' ' ' <<<"$gone"); again in $((DELAY * attempt))s" >&2
+    sleep $((DELAY * attempt))
   done
   date -u >"$APT/updated"
   local s
