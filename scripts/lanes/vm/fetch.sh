@@ -57,7 +57,8 @@ mkdir -p "$CACHE" && CACHE=$(cd "$CACHE" && pwd)  # apt resolves relative Dir:: 
 APT=$CACHE/apt
 ETC=$APT/etc
 mkdir -p "$APT/lists/partial" "$APT/cache/archives/partial" "$APT/debs" \
-  "$ETC/apt.conf.d" "$ETC/sources.list.d" "$ETC/preferences.d"
+  "$ETC/apt.conf.d" "$ETC/sources.list.d" "$ETC/preferences.d" "$APT/state"
+[[ -e $APT/state/status ]] || : >"$APT/state/status"
 
 # Several lanes may call this at once: one apt at a time on this cache.
 exec 9>"$APT/lock"
@@ -84,10 +85,15 @@ Dir::Etc::preferences "preferences";
 Dir::Etc::preferencesparts "preferences.d";
 Dir::Etc::trusted "/etc/apt/trusted.gpg";
 Dir::Etc::trustedparts "/etc/apt/trusted.gpg.d/";
+// An empty dpkg status of its own: the machine's changes whenever a package
+// is installed, and each change made every apt-cache call rebuild the cache
+// of all ten indexes (~180 MB).
+Dir::State "$APT/state/";
+Dir::State::status "$APT/state/status";
 Dir::State::Lists "$APT/lists/";
 Dir::Cache "$APT/cache/";
 Dir::Cache::pkgcache "$APT/cache/pkgcache.bin";
-Dir::Cache::srcpkgcache "$APT/cache/srcpkgcache.bin";
+Dir::Cache::srcpkgcache "";
 APT::Architectures { "amd64"; "arm64"; };
 APT::Sandbox::User "root";
 // Only the Packages indexes: no Translations, Contents or DEP-11.
@@ -112,6 +118,12 @@ promised() {
 }
 loaded() { apt-cache "${q[@]}" policy 2>/dev/null | sed -n 's/^ *-\?[0-9]\+ [^ ]\+ \([^ ]\+ [^ ]\+\) Packages$/\1/p'; }
 missing() { comm -23 <(promised | sort -u) <(loaded | sort -u); }
+# missing's answer, asked once per update (apt-cache policy is slow on a busy machine).
+gone= gone_known=
+has_index() {  # suite
+  [[ -n $gone_known ]] || { gone=$(missing); gone_known=1; }
+  ! grep -qxF "$1/main $ARCH" <<<"$gone"
+}
 # What apt said about SUITE in the last update.
 apt_said() {  # suite
   awk -v s="$1" '/^(Err|E|W):/ && (index($0, "/dists/" s "/") || index($0, " " s " ")) {print "    " $0; p=1; next}
@@ -121,7 +133,7 @@ apt_said() {  # suite
 # the one wanted ("SUITE/main ARCH").
 refreshed=
 update() {  # reason [wanted]
-  local attempt rc gone
+  local attempt rc
   refreshed=1
   for ((attempt = 1; ; attempt++)); do
     echo "fetch: apt-get update ($1; attempt $attempt of $ATTEMPTS; private lists in $APT/lists)" >&2
@@ -134,6 +146,7 @@ update() {  # reason [wanted]
     sleep $((DELAY * attempt))
   done
   date -u >"$APT/updated"
+  gone_known=1
   local s
   for s in $(sed -n 's,/.*,,p' <<<"$gone" | sort -u); do
     echo "fetch: warning: no package index of $s for $(awk -v s="$s" 'index($1, s "/") == 1 {print $2}' <<<"$gone" | xargs)" \
@@ -149,11 +162,12 @@ version_in() {  # suite package
   apt-cache "${q[@]}" madison "$2:$ARCH" 2>/dev/null |
     awk -F'|' -v s="$1" '$3 ~ (" "s"/") {gsub(/ /,"",$2); print $2; exit}'
 }
+# The first of PACKAGE's dependencies whose name matches REGEX. From its
+# Depends field: apt-cache depends takes seconds of CPU here, show does not.
 depends_on() {  # package version regex
-  apt-cache "${q[@]}" depends "$1:$ARCH=$2" 2>/dev/null |
-    sed -n 's/^ *Depends: \([^:]*\)\(:.*\)\?$/\1/p' | grep -E "$3" | head -n1
+  apt-cache "${q[@]}" show "$1:$ARCH=$2" 2>/dev/null | sed -n 's/^Depends: //p' | head -n1 |
+    tr ',|' '\n\n' | sed 's/^ *//; s/[ (:].*//' | grep -E "$3" | head -n1
 }
-has_index() { missing | grep -qxF "$1/main $ARCH" && return 1 || return 0; }
 # Sets pkg and version: what to download of $WHAT from SUITE, or says why not.
 resolve() {  # suite
   local s=$1 v image iv binary
