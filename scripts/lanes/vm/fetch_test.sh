@@ -8,7 +8,8 @@
 #   alpha  healthy: everything, and a Translation-en index;
 #   half   healthy Packages, but a truncated Contents-amd64.gz in its Release
 #          (a mirror mid-sync, as a fresh clone once met in trixie);
-#   beta   its Packages.gz is truncated ("File has unexpected size");
+#   beta   its Packages.gz is truncated (over file:// apt says "Hash Sum
+#          mismatch", over http "File has unexpected size");
 #   gamma  unreachable (http://127.0.0.1:1).
 # The "machine's" apt configuration (APT_CONFIG) adds apt-file's Contents
 # target and English translations, as a host's /etc/apt/apt.conf.d may.
@@ -158,6 +159,14 @@ else bad "the warning does not say what apt said about beta"; show_err; fi
 others=$(find "$CACHE/apt/lists" -maxdepth 1 -type f \( -name '*Contents*' -o -name '*Translation*' -o -iname '*dep11*' \) -printf '%f ')
 if [[ -z $others ]]; then ok "no Contents, Translation or DEP-11 file in the lists"
 else bad "the private configuration fetched $others"; fi
+
+# The parts directories apt reads under fetch.sh's configuration are its own, and empty
+# (not /etc/apt's, which this test cannot plant anything in).
+for key in Dir::Etc::parts Dir::Etc::sourceparts Dir::Etc::preferencesparts; do
+  dir=$(APT_CONFIG=$CACHE/apt/apt.conf apt-config shell D "$key/d" | sed "s/^D='\(.*\)'$/\1/")
+  if [[ $dir == "$CACHE/apt/"* && -d $dir && -z $(ls -A "$dir") ]]; then ok "$key is fetch.sh's own, empty"
+  else bad "$key is '$dir'"; fi
+done
 
 # 3. A kernel through the meta package, a glibc, and half's busybox (its Contents is truncated).
 fetch kernel amd64 alpha
