@@ -16,7 +16,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 export PERCPU_STRESS_SCALE=${PERCPU_STRESS_SCALE:-1}
 export CTEST_OUTPUT_ON_FAILURE=1
 
-all_lanes=(default clang asan-ubsan tsan valgrind rseq-off seams aarch64-user aarch64-system kernels warnings consumer subproject package mutants)
+all_lanes=(default clang asan-ubsan tsan valgrind rseq-off seams aarch64-user vm-fetch aarch64-system kernels warnings consumer subproject package mutants)
 describe() {
   case "$1" in
     default) echo "g++, Release with assertions, -Werror: the whole ctest suite (every mode variant)" ;;
@@ -27,6 +27,7 @@ describe() {
     rseq-off) echo "the whole suite with glibc's rseq off, then under seccomp rseq=ENOSYS, then rseq=EPERM" ;;
     seams) echo "structure tests built with PERCPU_INJECT_DELAYS, then with PERCPU_COMPARE_TWICE" ;;
     aarch64-user) echo "aarch64 cross build under qemu-user (fallback paths)" ;;
+    vm-fetch) echo "the VM lanes' package fetcher against local broken suites (truncated index, unreachable mirror), offline" ;;
     aarch64-system) echo "aarch64 static tests in an initramfs on Debian's arm64 kernel, qemu-system -smp 2 (real rseq)" ;;
     kernels) echo "Debian kernels 5.10-7.3 (x86-64 TCG, arm64) x glibc 2.36-2.44 x rseq modes; writes docs/compatibility.md" ;;
     warnings) echo "-Wall -Wextra -Werror with g++ and clang (done by default/clang), and percpu.h compiled as C" ;;
@@ -123,6 +124,7 @@ lane_seams() {
 lane_aarch64-user() {
   (cd "$root" && AARCH64_USER_BUILD_DIR="$B" scripts/lanes/aarch64-user.sh)
 }
+lane_vm-fetch() { "$root/scripts/lanes/vm/fetch_test.sh" "$B"; }
 lane_aarch64-system() {
   (cd "$root" && AARCH64_SYSTEM_BUILD_DIR="$B" scripts/lanes/aarch64-system.sh)
 }

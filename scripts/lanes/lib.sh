@@ -22,8 +22,10 @@ need_packages() {
 # configuration, into one cache that every build directory shares (VM_CACHE
 # points a worktree at another checkout's cache instead of downloading again).
 VM_CACHE=${VM_CACHE:-$REPO/build/kernels-cache}
-fetch() {  # kernel|libc6|busybox ARCH SUITE -> path (see fetch.sh)
-  "$REPO/scripts/lanes/vm/fetch.sh" "$VM_CACHE" "$@" || die "cannot fetch $1 for $2 from $3"
+# fetch.sh warns about a suite whose index cannot be had and fails only for a
+# package wanted from it, saying which (suite, arch, package).
+fetch() {  # kernel|libc6|busybox ARCH SUITE[,SUITE...] -> path (see fetch.sh)
+  "$REPO/scripts/lanes/vm/fetch.sh" "$VM_CACHE" "$@" || die "cannot fetch $1 for $2 from $3 (fetch.sh said why above)"
 }
 debarch() { [[ $1 == x86_64 ]] && echo amd64 || echo arm64; }
 
@@ -32,7 +34,9 @@ debarch() { [[ $1 == x86_64 ]] && echo amd64 || echo arm64; }
 vm_root() {  # ROOT ARCH
   rm -rf "$1"
   mkdir -p "$1/bin" "$1/lane"
-  cp "$(fetch busybox "$(debarch "$2")" bookworm)" "$1/bin/busybox"
+  # Any suite's static busybox runs /init: bookworm's, or trixie's when
+  # bookworm's index cannot be had.
+  cp "$(fetch busybox "$(debarch "$2")" bookworm,trixie)" "$1/bin/busybox"
   cp "$REPO/scripts/lanes/vm/init.sh" "$1/init"
   chmod +x "$1/init" "$1/bin/busybox"
 }
@@ -51,8 +55,11 @@ vm_boot() {  # ARCH KERNEL INITRD LIMIT [KERNEL_ARG...]
   else
     qemu=(qemu-system-x86_64 -accel tcg -cpu max -M pc) console=ttyS0
   fi
+  # -nic none: the VMs need no network, and qemu's default NIC wants an
+  # option ROM (efi-virtio.rom, efi-e1000.rom) from ipxe-qemu, which an
+  # install without recommends lacks ("failed to find romfile").
   timeout --kill-after=10 "$limit" "${qemu[@]}" -smp 2 -m 1024 -display none -no-reboot \
-    -monitor none -serial stdio -kernel "$kernel" -initrd "$initrd" \
+    -nic none -monitor none -serial stdio -kernel "$kernel" -initrd "$initrd" \
     -append "console=$console panic=-1 loglevel=4 rdinit=/init TAG=$LANE $*" </dev/null 2>&1 |
     tr -d '\r'
   return "${PIPESTATUS[0]}"
