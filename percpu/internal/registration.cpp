@@ -346,18 +346,9 @@ void initialize_once() {
 // Not async-signal-safe (dlopen), so it runs from the constructor only; code
 // that runs before the constructor is still pinned when the constructor
 // runs, before the object can be unloaded.
-void pin_this_object() {
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void*>(&pin_this_object), &info) == 0 || info.dli_fname == nullptr ||
-      info.dli_fname[0] == '\0') {
-    return;
-  }
-  const int saved_errno = errno;
-  // RTLD_NOLOAD: only ever a reference to the object already loaded; the
-  // handle is kept for good.
-  void* handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
-  (void)handle;
-  errno = saved_errno;
+void pin_this_object() noexcept {
+  static const char anchor = 0;
+  pin_object_containing(&anchor);
 }
 
 __attribute__((constructor(101))) void initialize_at_load() {
@@ -366,6 +357,28 @@ __attribute__((constructor(101))) void initialize_at_load() {
 }
 
 }  // namespace
+
+// The base address of the object pin_object_containing() pinned last: that
+// one can never be unloaded, so no other object is ever loaded at its base.
+// Constant-initialised, so it is usable before any constructor.
+namespace {
+std::atomic<const void*> g_last_pinned_base{nullptr};
+}  // namespace
+
+void pin_object_containing(const void* address) noexcept {
+  const int saved_errno = errno;
+  Dl_info info;
+  // The main program has the empty name (glibc) and is never unloaded.
+  if (dladdr(address, &info) != 0 && info.dli_fname != nullptr && info.dli_fname[0] != '\0' &&
+      info.dli_fbase != g_last_pinned_base.load(std::memory_order_relaxed)) {
+    // RTLD_NOLOAD: only ever a reference to the object already loaded (even
+    // while its own constructors run); the handle is kept for good.
+    if (dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE) != nullptr) {
+      g_last_pinned_base.store(info.dli_fbase, std::memory_order_relaxed);
+    }
+  }
+  errno = saved_errno;
+}
 
 // Normally the constructor has run before anyone asks. Code that runs earlier
 // (another library's constructor, an allocator called during start-up) gets

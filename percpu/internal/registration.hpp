@@ -40,6 +40,21 @@ extern PERCPU_EXPORT std::atomic<int> g_init_state;
 // signature, or sections turned off (rseq_sections_enabled()).
 [[nodiscard]] PERCPU_EXPORT rseq_area* registered_rseq_area() noexcept;
 
+// Keeps the loaded object (shared library or plugin) that holds `address`
+// loaded for the rest of the process: dlclose no longer unloads it. The
+// kernel keeps using what an object's critical sections hand it (the
+// descriptor a thread's rseq_cs points at until the kernel next clears it,
+// and the section's code), so every object holding sections must stay; the
+// header with the sections (rseq_cs.hpp) calls this from a constructor in
+// every translation unit that includes it, and libpercpu's constructor for
+// the object holding the library (its TLS areas). Nothing for the main
+// program, or where dladdr knows no object (static programs); cheap for an
+// object already pinned (the last one is remembered). Touches no state of
+// percpu's start-up, so it may run before percpu's constructor. Preserves
+// errno; no cancellation point. Not async-signal-safe (dladdr, dlopen): for
+// constructors.
+PERCPU_EXPORT void pin_object_containing(const void* address) noexcept;
+
 // Whether the per-CPU structures run rseq critical sections in this process.
 // False on arm64 kernels that do not abort a section preempted and resumed on
 // the same CPU (rseq_sections_broken_on()), and under
