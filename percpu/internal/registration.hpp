@@ -48,11 +48,12 @@ extern PERCPU_EXPORT std::atomic<int> g_init_state;
 // header with the sections (rseq_cs.hpp) calls this from a constructor in
 // every translation unit that includes it, and libpercpu's constructor for
 // the object holding the library (its TLS areas). Nothing for the main
-// program, or where dladdr knows no object (static programs); cheap for an
-// object already pinned (the last one is remembered). Touches no state of
+// program or an address no loaded object holds; a few compares for the main
+// program and the object pinned last once either is known (a walk over the
+// loaded objects' program headers the first time). Touches no state of
 // percpu's start-up, so it may run before percpu's constructor. Preserves
-// errno; no cancellation point. Not async-signal-safe (dladdr, dlopen): for
-// constructors.
+// errno; no cancellation point. Not async-signal-safe (dl_iterate_phdr,
+// dlopen): for constructors.
 PERCPU_EXPORT void pin_object_containing(const void* address) noexcept;
 
 // Whether the per-CPU structures run rseq critical sections in this process.
