@@ -24,6 +24,7 @@
 #include "percpu/internal/registration.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <sys/auxv.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
@@ -346,18 +347,9 @@ void initialize_once() {
 // Not async-signal-safe (dlopen), so it runs from the constructor only; code
 // that runs before the constructor is still pinned when the constructor
 // runs, before the object can be unloaded.
-void pin_this_object() {
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void*>(&pin_this_object), &info) == 0 || info.dli_fname == nullptr ||
-      info.dli_fname[0] == '\0') {
-    return;
-  }
-  const int saved_errno = errno;
-  // RTLD_NOLOAD: only ever a reference to the object already loaded; the
-  // handle is kept for good.
-  void* handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
-  (void)handle;
-  errno = saved_errno;
+void pin_this_object() noexcept {
+  static const char anchor = 0;
+  pin_object_containing(&anchor);
 }
 
 __attribute__((constructor(101))) void initialize_at_load() {
@@ -366,6 +358,94 @@ __attribute__((constructor(101))) void initialize_at_load() {
 }
 
 }  // namespace
+
+namespace {
+
+// The address range of a loaded object: from its lowest to the end of its
+// highest PT_LOAD segment.
+struct object_range {
+  std::uintptr_t start = 0, end = 0;
+  bool holds(std::uintptr_t address) const noexcept { return start <= address && address < end; }
+};
+
+// Objects pin_object_containing() needs to do nothing more for: the main
+// program, and the object it pinned last. Neither is ever unloaded, so no
+// other object can come to lie in their ranges. Under a spin lock (held for
+// a few loads or stores only, never across a call into the loader); all
+// constant-initialised, so usable before any constructor.
+std::atomic<bool> g_pin_cache_locked{false};
+object_range g_main_program_range, g_last_pinned_range;
+
+class pin_cache_guard {
+ public:
+  pin_cache_guard() noexcept {
+    while (g_pin_cache_locked.exchange(true, std::memory_order_acquire)) {
+    }
+  }
+  ~pin_cache_guard() { g_pin_cache_locked.store(false, std::memory_order_release); }
+  pin_cache_guard(const pin_cache_guard&) = delete;
+  pin_cache_guard& operator=(const pin_cache_guard&) = delete;
+};
+
+// What find_object() looks for and finds. dl_iterate_phdr shows the main
+// program first (glibc and musl, static programs too).
+struct object_search {
+  explicit object_search(std::uintptr_t a) noexcept : address(a) {}
+  std::uintptr_t address;
+  int index = 0;  // of the object dl_iterate_phdr shows next
+  bool found = false, main_program = false;
+  object_range range;
+  const char* name = nullptr;
+};
+
+int find_object(dl_phdr_info* info, std::size_t, void* data) noexcept {
+  auto* search = static_cast<object_search*>(data);
+  const bool first = search->index++ == 0;
+  object_range range{UINTPTR_MAX, 0};
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& segment = info->dlpi_phdr[i];
+    if (segment.p_type != PT_LOAD) continue;
+    const std::uintptr_t begin = info->dlpi_addr + segment.p_vaddr;
+    if (begin < range.start) range.start = begin;
+    if (begin + segment.p_memsz > range.end) range.end = begin + segment.p_memsz;
+  }
+  if (!range.holds(search->address)) return 0;
+  search->found = true;
+  search->main_program = first;
+  search->range = range;
+  search->name = info->dlpi_name;
+  return 1;
+}
+
+}  // namespace
+
+// dl_iterate_phdr rather than dladdr: dladdr also looks for the nearest
+// symbol, a walk over the object's whole symbol table, and names the main
+// program after argv[0], which dlopen cannot find.
+void pin_object_containing(const void* address) noexcept {
+  const auto where = reinterpret_cast<std::uintptr_t>(address);
+  {
+    pin_cache_guard guard;
+    if (g_main_program_range.holds(where) || g_last_pinned_range.holds(where)) return;
+  }
+  const int saved_errno = errno;
+  object_search search(where);
+  dl_iterate_phdr(find_object, &search);
+  if (search.found && search.main_program) {
+    pin_cache_guard guard;
+    g_main_program_range = search.range;
+  } else if (search.found && search.name != nullptr && search.name[0] != '\0') {
+    // RTLD_NOLOAD: only ever a reference to the object already loaded (even
+    // while its own constructors run); the handle is kept for good.
+    if (dlopen(search.name, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE) != nullptr) {
+      pin_cache_guard guard;
+      g_last_pinned_range = search.range;
+    }
+  }
+  // Not found (a static program without the loader's list): nothing is
+  // loaded that could be unloaded.
+  errno = saved_errno;
+}
 
 // Normally the constructor has run before anyone asks. Code that runs earlier
 // (another library's constructor, an allocator called during start-up) gets

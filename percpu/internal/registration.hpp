@@ -40,6 +40,22 @@ extern PERCPU_EXPORT std::atomic<int> g_init_state;
 // signature, or sections turned off (rseq_sections_enabled()).
 [[nodiscard]] PERCPU_EXPORT rseq_area* registered_rseq_area() noexcept;
 
+// Keeps the loaded object (shared library or plugin) that holds `address`
+// loaded for the rest of the process: dlclose no longer unloads it. The
+// kernel keeps using what an object's critical sections hand it (the
+// descriptor a thread's rseq_cs points at until the kernel next clears it,
+// and the section's code), so every object holding sections must stay; the
+// header with the sections (rseq_cs.hpp) calls this from a constructor in
+// every translation unit that includes it, and libpercpu's constructor for
+// the object holding the library (its TLS areas). Nothing for the main
+// program or an address no loaded object holds; a few compares for the main
+// program and the object pinned last once either is known (a walk over the
+// loaded objects' program headers the first time). Touches no state of
+// percpu's start-up, so it may run before percpu's constructor. Preserves
+// errno; no cancellation point. Not async-signal-safe (dl_iterate_phdr,
+// dlopen): for constructors.
+PERCPU_EXPORT void pin_object_containing(const void* address) noexcept;
+
 // Whether the per-CPU structures run rseq critical sections in this process.
 // False on arm64 kernels that do not abort a section preempted and resumed on
 // the same CPU (rseq_sections_broken_on()), and under

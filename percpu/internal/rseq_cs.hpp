@@ -168,6 +168,23 @@ inline bool index_kind_usable(index_kind k) noexcept {
   return k == index_kind::cpu_id || rseq_feature_size() >= kFeatureSizeMmCid;
 }
 
+// Every object (program, shared library, plugin) that includes this header
+// holds critical sections of its own: the inline operations put their
+// descriptors and code in the object that calls them, even when percpu
+// itself is a shared library. After a section the thread's rseq_cs keeps
+// pointing at the descriptor until the kernel next clears it, so an object
+// unloaded then would make the kernel fault on the next preemption or
+// signal. This constructor, one per translation unit, keeps the object that
+// holds it loaded (pin_object_containing: nothing for the main program,
+// cheap once pinned). It touches none of percpu's start-up state, so it may
+// run before percpu's constructor.
+namespace {
+__attribute__((constructor)) void pin_object_with_sections() noexcept {
+  static const char anchor = 0;
+  pin_object_containing(&anchor);
+}
+}  // namespace
+
 }  // namespace internal
 }  // namespace percpu
 

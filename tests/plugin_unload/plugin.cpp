@@ -1,5 +1,8 @@
-// A plugin that links libpercpu.a and counts from a few threads and from its
-// caller's thread. The loader (unload_test.cpp) dlclose's it afterwards.
+// A plugin that counts from a few threads and from its caller's thread. The
+// loader (unload_test.cpp) dlclose's it afterwards. Built twice: linking
+// libpercpu.a (percpu_test_plugin) and linking a shared percpu
+// (percpu_test_plugin_shared), where the counter's inline sections are still
+// this plugin's code and descriptors.
 #include <thread>
 #include <vector>
 

@@ -1,9 +1,12 @@
-// A plugin that links libpercpu.a statically is loaded, used and unloaded;
-// the process must live on. The kernel keeps using what percpu handed it on
-// every thread that ran a critical section: the descriptor the thread's
-// rseq_cs still points at, and (when percpu registered) the rseq area in the
-// plugin's static TLS. Were the plugin's pages gone, the next preemption or
-// signal would make the kernel fault on them and kill the process.
+// A plugin that uses percpu is loaded, used and unloaded; the process must
+// live on. Two plugins: one linking libpercpu.a statically, one linking a
+// shared percpu. The kernel keeps using what percpu handed it on every thread
+// that ran a critical section: the descriptor the thread's rseq_cs still
+// points at, which is the plugin's in both (inline sections are compiled
+// into their caller), and (when percpu registered) the rseq area in the
+// static TLS of the object holding the library. Were those pages gone, the
+// next preemption or signal would make the kernel fault on them and kill the
+// process.
 //
 // Usage: unload_test PLUGIN. Prints one line per check; exit status 0 only
 // when every check passed. Does not link percpu itself.
