@@ -57,6 +57,7 @@
 
 #include "percpu/cpu.hpp"
 #include "percpu/internal/fallback.hpp"
+#include "percpu/internal/nocancel.hpp"
 #include "percpu/internal/environment.hpp"
 #include "percpu/internal/registration.hpp"
 #include "percpu/percpu.h"
@@ -142,7 +143,8 @@ __attribute__((constructor(102))) void become_ready() {
       std::strcpy(g_trace_path, path);
       mode = kReadyTracing;
     } else {
-      std::fprintf(stderr, "percpu_getcpu: PERCPU_PRELOAD_TRACE is too long a path; not tracing\n");
+      percpu::internal::nocancel_write_string(
+          STDERR_FILENO, "percpu_getcpu: PERCPU_PRELOAD_TRACE is too long a path; not tracing\n");
     }
   }
   g_mode.store(mode, std::memory_order_release);
@@ -162,12 +164,11 @@ __attribute__((destructor)) void write_trace() {
       percpu::to_string(percpu::fallback_backend()));
   // O_APPEND keeps the lines of a parent and its children whole; O_NOFOLLOW
   // refuses a symbolic link planted at the path.
-  const int fd = open(g_trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd >= 0 && n > 0) {
-    ssize_t ignored = write(fd, line, static_cast<std::size_t>(n));
-    (void)ignored;
-  }
-  if (fd >= 0) close(fd);
+  // The raw system calls: a destructor must not be a cancellation point.
+  const int fd = percpu::internal::nocancel_open(
+      g_trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd >= 0 && n > 0) percpu::internal::nocancel_write(fd, line, static_cast<std::size_t>(n));
+  if (fd >= 0) percpu::internal::nocancel_close(fd);
   errno = saved_errno;
 }
 
