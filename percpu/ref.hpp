@@ -123,7 +123,7 @@ class ref : private internal::fork_participant {
   std::atomic<std::int64_t> count_;
   std::atomic<int> killed_{0};
   std::atomic<int> released_{0};
-  int kill_busy_ = 0;  // held while kill() runs and across fork; atomics only
+  int kill_busy_ = 0;  // a flag (cpu_slots.hpp): held while kill() runs and across fork
   release_function release_;
   void* context_;
 };
