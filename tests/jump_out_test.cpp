@@ -65,7 +65,10 @@ void on_signal(int) {
 
 // Nodes and objects a left operation took with it are lost, never reused:
 // the nodes live as long as the process.
+// Each node is pushed once only (a second push of a node still listed
+// would link it twice), by whichever thread takes the next index.
 free_list_node g_nodes[4096];
+std::atomic<std::size_t> g_next_node{0};
 
 // Runs push/pop and allocate/free under a timer signal whose handler leaves
 // the operation, until kHeldJumpsWanted of the jumps left a locked slow path
@@ -76,7 +79,6 @@ void jump_out_many_times(free_list& list, object_pool& pool, ref* r, leave how, 
   sigjmp_buf env;
   t_env = &env;
   t_leave = how;
-  std::size_t next_node = 0;
   stress::thread_signal_timer timer(kSignal, 20000);
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(4);
   for (long round = 0; (r != nullptr ? g_jumps.load() : g_held_jumps.load()) < wanted &&
@@ -88,7 +90,8 @@ void jump_out_many_times(free_list& list, object_pool& pool, ref* r, leave how, 
     if (sigsetjmp(env, 1) == 0) {
       t_armed = 1;
       for (int i = 0; i < 64 && r == nullptr; ++i) {
-        if (next_node < sizeof(g_nodes) / sizeof(g_nodes[0])) list.push(&g_nodes[next_node++]);
+        const std::size_t next = g_next_node.fetch_add(1);
+        if (next < sizeof(g_nodes) / sizeof(g_nodes[0])) list.push(&g_nodes[next]);
         if (free_list_node* n = list.pop()) list.push(n);
         void* objects[4];
         for (void*& p : objects) p = pool.allocate();
@@ -199,6 +202,10 @@ void expect_no_hang(who where, leave how, bool with_ref) {
     EXPECT_EQ(status, 0) << err;
     EXPECT_FALSE(reported) << err;
     return;
+  }
+  // Found by its thread being gone, at once, not after the stuck bound.
+  if (reported) {
+    EXPECT_NE(err.find("(its thread has exited)"), std::string::npos) << err;
   }
 #ifdef NDEBUG
   EXPECT_EQ(status, 0) << err;

@@ -80,6 +80,35 @@
 //   So no cycle exists in the waits-for graph: the only threads that wait
 //   hold nothing (no one can wait for them), except the fork handler, which
 //   waits only for threads that do not wait. A signal handler on the forking
+//   thread that interrupted a holder and calls fork() would wait for its own
+//   thread: the fork handler skips the flags that thread holds (see below).
+//   ref::kill() holds its kill flag, which the fork handler waits for, while
+//   it takes the slots' lockers; it exempts itself from the refusal above
+//   (exempt_from_fork_pending), so it finishes and the fork goes on.
+//
+// Abandoned holders (operations left by a jump, or a thread that exited)
+//   R2 assumes the holder's frame runs to its release. A signal handler that
+//   leaves with siglongjmp, or calls pthread_exit(), abandons the operation
+//   it interrupted: the flag stays held for ever and the count of flags its
+//   thread holds stays above zero (so that thread never waits again, by R1).
+//   Waiting for such a flag would never end, so a wait (take_flag's, the
+//   fork handler's, kill's) watches the holder, whose id the flag holds:
+//   - the calling thread itself (held by one of its own frames, interrupted
+//     or left): the fork handler skips the flag silently (the child's one
+//     thread is this one, with the same frames, so the flag is in the same
+//     state there); any other wait reports it;
+//   - a thread that has exited (tgkill(pid, tid, 0) answers ESRCH): the
+//     flag becomes kFlagAbandoned, so later waiters give up at once, and the
+//     wait reports it;
+//   - the same live thread for kAbandonedHolderNs: reported as stuck.
+//   Reporting is one line on stderr (report_abandoned); debug builds then
+//   abort, release builds (once per process) go on without what the flag
+//   guards, as for a busy slot: trim() and take_all() skip it, the depot's
+//   users take their non-waiting paths (allocate() may return nullptr), the
+//   fork leaves it as it is in both processes. Thread slots' busy words are
+//   watched the same way, through the owner's id (thread_slots.cpp).
+//   Nothing here is a cancellation point: the waits sleep with the raw
+//   system call (nocancel.hpp).
 //
 // Async-signal-safe: everything here except prepare_remote_fences.
 #pragma once
