@@ -61,6 +61,8 @@
 //   both processes); a lock held by a thread that has since exited is
 //   reported by the fork() or take_all() that meets it (one line on
 //   stderr; debug builds then abort, release builds go on without it).
+//   pthread_exit() in a handler unwinds the interrupted operation's
+//   noexcept frame, where C++ may call std::terminate.
 #pragma once
 
 #include <cstddef>

@@ -72,7 +72,9 @@
 //   since exited is reported by the trim(), fork() or wait for the depot
 //   that meets it (one line on stderr; debug builds then abort, release
 //   builds go on without it), and a live thread's lock held for ten
-//   seconds is reported the same way.
+//   seconds is reported the same way. pthread_exit() in a handler unwinds
+//   the interrupted operation's noexcept frame, where C++ may call
+//   std::terminate.
 #pragma once
 
 #include <cstddef>
