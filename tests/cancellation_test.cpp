@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <pthread.h>
 #include <sched.h>
+#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -35,6 +36,7 @@ namespace stress = percpu::stress;
 struct cancel_case {
   std::function<void()> op;
   std::atomic<int> go{0};
+  std::atomic<int> started{0};
   std::atomic<int> done{0};
 };
 
@@ -42,26 +44,45 @@ void* cancelled_thread(void* arg) {
   auto* c = static_cast<cancel_case*>(arg);
   // sched_yield is not a cancellation point: the cancel stays pending.
   while (c->go.load() == 0) sched_yield();
+  c->started.store(1);
   c->op();
   c->done.store(1);
   pthread_testcancel();
   return nullptr;  // not cancelled: the case fails
 }
 
+long thread_cpu_ns(clockid_t clock) {
+  struct timespec t = {0, 0};
+  clock_gettime(clock, &t);
+  return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
 // Runs `op` on a thread with a cancellation pending, while the calling
-// thread calls hold() before and release() about 200 ms after (long enough
-// for op to reach its wait). 0 when op finished and the thread was then
-// cancelled.
+// thread calls hold() before and release() once op has surely reached its
+// wait: the thread has used 5 ms of CPU since it started op (a wait spins
+// and yields for far less before it sleeps), or it finished, or 2 s passed (a futex wait sleeps
+// without CPU). On a loaded machine a fixed delay could end before the thread even ran. 0 when op
+// finished and the thread was then cancelled.
 int cancel_here(const std::function<void()>& op, const std::function<void()>& hold,
                 const std::function<void()>& release) {
   cancel_case c;
   c.op = op;
   pthread_t thread;
   if (pthread_create(&thread, nullptr, cancelled_thread, &c) != 0) return 10;
+  clockid_t cpu_clock;
+  if (pthread_getcpuclockid(thread, &cpu_clock) != 0) return 13;
   hold();
   pthread_cancel(thread);
   c.go.store(1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (c.started.load() == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const long cpu_start = thread_cpu_ns(cpu_clock);
+  while (c.done.load() == 0 && thread_cpu_ns(cpu_clock) - cpu_start < 5000000L &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   release();
   void* result = nullptr;
   pthread_join(thread, &result);
