@@ -3,6 +3,7 @@
 
 #include "percpu/counter.hpp"
 #include "percpu/internal/fallback.hpp"
+#include "percpu/internal/nocancel.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -148,8 +149,7 @@ std::int64_t counter::slot(int cpu) const noexcept {
     end = format_int(end + sizeof(middle) - 1, count);
     *end++ = ')';
     *end++ = '\n';
-    ssize_t ignored = write(STDERR_FILENO, line, static_cast<std::size_t>(end - line));
-    (void)ignored;
+    internal::nocancel_write(STDERR_FILENO, line, static_cast<std::size_t>(end - line));
     std::abort();
 #else
     return 0;

@@ -64,6 +64,9 @@
 //   returns the counter to its constant-initialised state, so a late use
 //   from another static destructor reads zero, and a late add() maps fresh
 //   slots (never freed) instead of writing unmapped memory.
+//   No member is a cancellation point. An add() that a signal handler leaves
+//   with siglongjmp (or pthread_exit) either counted or did not: it is one
+//   committing store or one atomic add, and holds nothing.
 //   ThreadSanitizer in your build reports no race inside a counter; it
 //   orders nothing between threads, so it states no edge to TSan (README,
 //   "Sanitizers in your build").

@@ -43,7 +43,11 @@
 //   start-up has run, the inline paths reject what they load and the slow
 //   path runs start-up first. Every id is in range from the first call.
 //   The thread pointer is read afresh at each call, so a coroutine or fiber
-//   resumed on another thread gets that thread's answer.
+//   resumed on another thread gets that thread's answer. Nothing in percpu
+//   is a POSIX cancellation point: its system calls go through syscall(),
+//   never through glibc's cancellable wrappers (nanosleep, open, read,
+//   write, close), so a pending deferred pthread_cancel() never acts inside
+//   one of its functions.
 //
 // Where percpu cannot answer for the caller
 //   A vfork() child, or a thread made with a raw clone(CLONE_VM) that shares

@@ -47,6 +47,22 @@
 //   same). take_all is thread-safe and async-signal-safe. Construction and
 //   destruction are neither; destroy only when no other thread uses the list.
 //   fork() is supported: the child keeps every node the parent had listed.
+//   No member is a cancellation point (deferred pthread_cancel() never acts
+//   inside one).
+//   Leaving an operation by a jump: a signal handler may leave a push, pop,
+//   try_pop_local or take_all it interrupted with siglongjmp, or end the
+//   thread there with pthread_exit(). On the rseq fast paths nothing is
+//   held (the kernel aborted the section). On the slow paths (stealing,
+//   the overflow stack, threads without rseq) the operation may keep one
+//   list locked for ever, with the nodes it was moving: those are lost to
+//   the list, the other lists keep working, and pop() may return nullptr
+//   where it would have found them. Nothing waits for such a lock: fork()
+//   keeps a lock the forking thread's own left frame holds as it is (in
+//   both processes); a lock held by a thread that has since exited is
+//   reported by the fork() or take_all() that meets it (one line on
+//   stderr; debug builds then abort, release builds go on without it).
+//   pthread_exit() in a handler unwinds the interrupted operation's
+//   noexcept frame, where C++ may call std::terminate.
 //   ThreadSanitizer in your build sees each push() happen before the pop(),
 //   try_pop_local() or take_all() that returns the node, however percpu was
 //   built (README, "Sanitizers in your build").

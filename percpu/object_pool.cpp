@@ -4,6 +4,7 @@
 
 #include "percpu/object_pool.hpp"
 #include "percpu/internal/fallback.hpp"
+#include "percpu/internal/nocancel.hpp"
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -33,7 +34,7 @@ constexpr int kTrimTries = 64;
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
 // One line on stderr with a single write(2), then abort: usable anywhere,
-// including a signal handler.
+// including a signal handler, and not a cancellation point.
 [[noreturn]] void die(const char* what, const void* p) noexcept {
   char line[200];
   std::size_t n = 0;
@@ -46,8 +47,7 @@ std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to *
   const auto value = reinterpret_cast<std::uintptr_t>(p);
   for (int shift = 60; shift >= 0; shift -= 4) line[n++] = hex[(value >> shift) & 0xf];
   line[n++] = '\n';
-  ssize_t ignored = write(STDERR_FILENO, line, n);
-  (void)ignored;
+  internal::nocancel_write(STDERR_FILENO, line, n);
   std::abort();
 }
 
@@ -143,11 +143,11 @@ void object_pool::before_fork() noexcept {
   for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);
   internal::wait_for_consumer(&overflow_);
   if (thread_slots_ != nullptr) internal::revoke_thread_slots_for_fork(thread_slots_);
-  internal::wait_for_flag(&depot_flag_);
+  internal::fork_wait_for_flag(&depot_flag_);
 }
 
 void object_pool::after_fork() noexcept {
-  internal::release_flag(&depot_flag_);
+  internal::fork_release_flag(&depot_flag_);
   if (thread_slots_ != nullptr) internal::restore_thread_slots_after_fork(thread_slots_);
   internal::release_consumer(&overflow_);
   for (int i = 0; i < slot_count_; ++i) internal::release_locker(&slots_[i]);

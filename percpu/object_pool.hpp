@@ -56,7 +56,25 @@
 //   than risk a deadlock. trim is not async-signal-safe. Construction and
 //   destruction are not thread-safe. fork() is supported, from any thread and
 //   while other threads and their signal handlers use the pool: the child
-//   keeps using it.
+//   keeps using it. No member is a cancellation point (deferred
+//   pthread_cancel() never acts inside one, however long allocate() or
+//   deallocate() wait for the depot).
+//   Leaving an operation by a jump: a signal handler may leave an allocate
+//   or deallocate it interrupted with siglongjmp, or end the thread there
+//   with pthread_exit(). On the rseq fast paths nothing is held. On the
+//   slow paths (refill and spill through the depot, threads without rseq)
+//   the operation may keep a cache or the depot locked for ever, with the
+//   objects it was moving: those are lost (never handed out again), and
+//   with the depot left locked, allocate() returns nullptr once its cache
+//   is empty and freed objects go to the overflow stack. Nothing waits for
+//   such a lock: fork() keeps a lock the forking thread's own left frame
+//   holds as it is (in both processes); a lock held by a thread that has
+//   since exited is reported by the trim(), fork() or wait for the depot
+//   that meets it (one line on stderr; debug builds then abort, release
+//   builds go on without it), and a live thread's lock held for ten
+//   seconds is reported the same way. pthread_exit() in a handler unwinds
+//   the interrupted operation's noexcept frame, where C++ may call
+//   std::terminate.
 //   ThreadSanitizer in your build sees each deallocate() happen before the
 //   allocate() that returns that object again, however percpu was built
 //   (README, "Sanitizers in your build").

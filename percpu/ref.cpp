@@ -18,6 +18,7 @@
 
 #include "percpu/ref.hpp"
 #include "percpu/internal/fallback.hpp"
+#include "percpu/internal/nocancel.hpp"
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -32,8 +33,7 @@ namespace percpu {
 namespace {
 
 [[noreturn]] void die(const char* message) noexcept {
-  ssize_t ignored = write(STDERR_FILENO, message, std::strlen(message));
-  (void)ignored;
+  internal::nocancel_write_string(STDERR_FILENO, message);
   std::abort();
 }
 
@@ -199,7 +199,12 @@ void ref::kill() noexcept {
     return;
 #endif
   }
-  while (__atomic_exchange_n(&kill_busy_, 1, __ATOMIC_ACQUIRE) != 0) sched_yield();
+  // Waits for a fork in progress. Only a fork handler holds kill_busy_
+  // besides this kill, so false means one was left by a jump (reported).
+  const bool took_kill_flag = internal::wait_for_flag(&kill_busy_);
+  // The fork handler waits for kill_busy_, so this kill must finish while
+  // a fork is pending, taking the locks below (see begin_fork_flags).
+  internal::exempt_from_fork_pending(true);
   std::int64_t sum = 0;
   for (int cpu = 0; cpu < slot_count_; ++cpu) {
     slot& s = slots_[cpu];
@@ -224,7 +229,8 @@ void ref::kill() noexcept {
     // Every thread's word at once, with one barrier (see
     // internal::revoke_all_thread_slots), then folded.
     if (!internal::revoke_all_thread_slots(thread_slots_)) {
-      die("percpu::ref::kill: cannot revoke the threads' words (membarrier failed)\n");
+      die("percpu::ref::kill: cannot revoke the threads' words (membarrier failed, or a kill() or "
+          "fork handler was left by a jump)\n");
     }
     for (int i = 0; i < internal::kThreadSlots; ++i) {
       internal::thread_slot* ts = &thread_slots_[i];
@@ -241,7 +247,8 @@ void ref::kill() noexcept {
 #endif
   const std::int64_t fold = slots_ != nullptr ? sum - kBias - 1 : -1;
   const std::int64_t after = count_.fetch_add(fold, std::memory_order_acq_rel) + fold;
-  __atomic_store_n(&kill_busy_, 0, __ATOMIC_RELEASE);
+  internal::exempt_from_fork_pending(false);
+  if (took_kill_flag) internal::release_flag(&kill_busy_);
 #ifndef NDEBUG
   if (after < 0) die("percpu::ref::put: more puts than gets\n");
 #endif
@@ -269,13 +276,13 @@ std::int64_t ref::count() const noexcept {
 // inherits one in the middle of a get or put (which its kill() would wait
 // for forever).
 void ref::before_fork() noexcept {
-  while (__atomic_exchange_n(&kill_busy_, 1, __ATOMIC_ACQUIRE) != 0) sched_yield();
+  internal::fork_wait_for_flag(&kill_busy_);
   if (thread_slots_ != nullptr) internal::revoke_thread_slots_for_fork(thread_slots_);
 }
 
 void ref::after_fork() noexcept {
   if (thread_slots_ != nullptr) internal::restore_thread_slots_after_fork(thread_slots_);
-  __atomic_store_n(&kill_busy_, 0, __ATOMIC_RELEASE);
+  internal::fork_release_flag(&kill_busy_);
 }
 
 }  // namespace percpu

@@ -39,7 +39,13 @@
 //   reference may be put by another thread or on another CPU than its get.
 //   kill() is thread-safe but not async-signal-safe (it may wait for a fork
 //   in progress). The release function runs on the thread whose put() or
-//   kill() dropped the last reference.
+//   kill() dropped the last reference. No member is a cancellation point.
+//   A get() or put() that a signal handler leaves with siglongjmp (or ends
+//   with pthread_exit()) may or may not have counted, so the count is no
+//   longer exact; on a thread without rseq it also leaves that thread's
+//   word busy for ever. kill() does not wait for such a word: it reports it
+//   (one line on stderr; debug builds then abort) and folds it as it is.
+//   kill() itself must not be left by a jump.
 //   ThreadSanitizer in your build sees every put() and the kill() happen
 //   before the release function, however percpu was built (README,
 //   "Sanitizers in your build").
@@ -128,7 +134,7 @@ class ref : private internal::fork_participant {
   std::atomic<std::int64_t> count_;
   std::atomic<int> killed_{0};
   std::atomic<int> released_{0};
-  int kill_busy_ = 0;  // held while kill() runs and across fork; atomics only
+  int kill_busy_ = 0;  // a flag (cpu_slots.hpp): held while kill() runs and across fork
   release_function release_;
   void* context_;
 };

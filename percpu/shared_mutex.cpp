@@ -82,6 +82,7 @@
 #include <cstring>
 
 #include "percpu/internal/futex.hpp"
+#include "percpu/internal/nocancel.hpp"
 
 namespace percpu {
 
@@ -98,8 +99,7 @@ constexpr long kReaderTurnWaitNs = 250 * 1000;
 constexpr long kFenceModeWaitNs = 1000 * 1000;
 
 [[noreturn]] void die(const char* message) noexcept {
-  ssize_t ignored = write(STDERR_FILENO, message, std::strlen(message));
-  (void)ignored;
+  internal::nocancel_write_string(STDERR_FILENO, message);
   std::abort();
 }
 

@@ -68,6 +68,14 @@
 //   a read lock, and unlock_shared() without lock_shared(): each prints one
 //   line and aborts. lock(), try_lock() and unlock() are not for signal
 //   handlers.
+//   No member is a cancellation point: readers and writers sleep on futexes
+//   through the raw system call, so a deferred pthread_cancel() never acts
+//   inside one (unlike pthread_rwlock's waits, these are not cancellation
+//   points). No member may be left by a jump out of a signal handler
+//   (siglongjmp) or ended there by pthread_exit(): a read lock left half
+//   taken counts as held for ever, so lock() then waits for ever, as for
+//   any lock that is never released, and a writer left inside lock() or
+//   unlock() makes lock() and fork() wait for ever (not detected).
 //   ThreadSanitizer in your build sees the lock order each section after the
 //   write sections before it (and a write section after the read sections
 //   too), never one reader after another, however percpu was built (README,

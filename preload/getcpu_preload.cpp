@@ -64,6 +64,7 @@
 
 #include "percpu/cpu.hpp"
 #include "percpu/internal/fallback.hpp"
+#include "percpu/internal/nocancel.hpp"
 #include "percpu/internal/environment.hpp"
 #include "percpu/internal/registration.hpp"
 #include "percpu/percpu.h"
@@ -161,7 +162,8 @@ __attribute__((constructor(102))) void become_ready() {
       std::strcpy(g_trace_path, path);
       mode = kReadyTracing;
     } else {
-      std::fprintf(stderr, "percpu_getcpu: PERCPU_PRELOAD_TRACE is too long a path; not tracing\n");
+      percpu::internal::nocancel_write_string(
+          STDERR_FILENO, "percpu_getcpu: PERCPU_PRELOAD_TRACE is too long a path; not tracing\n");
     }
   }
   g_next_exit = reinterpret_cast<exit_function>(dlsym(RTLD_NEXT, "_exit"));
@@ -220,11 +222,13 @@ void write_trace() noexcept {
   line.add("\n");
   // O_APPEND keeps the lines of a parent and its children whole; O_NOFOLLOW
   // refuses a symbolic link planted at the path.
-  const int fd = open(g_trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  // The raw system calls: this runs at exit, in _exit() and in destructors,
+  // none of which may be a cancellation point.
+  const int fd = percpu::internal::nocancel_open(
+      g_trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd >= 0) {
-    ssize_t ignored = write(fd, line.text, line.size);
-    (void)ignored;
-    close(fd);
+    percpu::internal::nocancel_write(fd, line.text, line.size);
+    percpu::internal::nocancel_close(fd);
   }
   errno = saved_errno;
 }

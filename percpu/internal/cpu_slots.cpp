@@ -2,10 +2,12 @@
 // flags, the section-user flag and the remote lock of a CPU's slot.
 
 #include "percpu/internal/cpu_slots.hpp"
+#include "percpu/internal/nocancel.hpp"
 
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <linux/membarrier.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -13,7 +15,9 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 extern "C" __attribute__((weak)) const char percpu_internal_no_fences_at_load;
 
@@ -73,11 +77,11 @@ thread_count process_threads() noexcept {
   }
   const int saved_errno = errno;
   thread_count result = thread_count::unknown;
-  const int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+  const int fd = nocancel_open_read_only("/proc/self/stat");
   if (fd >= 0) {
     char buffer[512];
-    const ssize_t n = read(fd, buffer, sizeof(buffer) - 1);
-    close(fd);
+    const long n = nocancel_read(fd, buffer, sizeof(buffer) - 1);
+    nocancel_close(fd);
     if (n > 0) {
       buffer[n] = '\0';
       // The command name may hold spaces and parentheses, so fields are
@@ -132,25 +136,66 @@ bool section_users_possible() noexcept {
 // moving the count past the flag's own atomics.
 __thread int t_flags_held PERCPU_STATIC_TLS = 0;
 
+// The calling thread's id, which a flag it holds contains: 0 until asked,
+// and again in a forked child (the child's thread has a new id).
+__thread int t_tid PERCPU_STATIC_TLS = 0;
+
+}  // namespace
+
+int current_tid() noexcept {
+  int tid = t_tid;
+  if (__builtin_expect(tid == 0, 0)) {
+    const int saved_errno = errno;
+    tid = static_cast<int>(syscall(SYS_gettid));
+    errno = saved_errno;
+    t_tid = tid;
+  }
+  return tid;
+}
+
+namespace {
+
 // Set while a fork handler takes and holds every flag. Other threads then
 // fail to take flags (every caller has a way not to wait, or holds nothing
 // while it waits), so the fork handler waits only for the holders of the
 // moment instead of competing with threads that keep re-taking the flags.
 int g_fork_pending = 0;
 __thread int t_forking PERCPU_STATIC_TLS = 0;
+// See exempt_from_fork_pending() in the header.
+__thread int t_fork_exempt PERCPU_STATIC_TLS = 0;
+// The forking thread's id in the parent, so that the child can tell the
+// flags that thread's own frames hold (see fork_release_flag).
+int g_fork_tid = 0;
 
-bool try_take(int* flag) noexcept {
+void tid_after_fork_in_child() noexcept { t_tid = 0; }
+
+// Before any structure exists, so this child handler runs before the fork
+// registry's (pthread_atfork runs child handlers in registration order).
+__attribute__((constructor(102))) void flags_at_load() {
+  pthread_atfork(nullptr, nullptr, &tid_after_fork_in_child);
+}
+
+bool try_take_as(int* flag, int value) noexcept {
   if (__atomic_load_n(flag, __ATOMIC_RELAXED) != kFlagFree) return false;
-  if (__atomic_load_n(&g_fork_pending, __ATOMIC_RELAXED) != 0 && t_forking == 0) return false;
+  if (__atomic_load_n(&g_fork_pending, __ATOMIC_RELAXED) != 0 && t_forking == 0 &&
+      t_fork_exempt == 0) {
+    return false;
+  }
   // Counted before the exchange: a handler arriving right after it must see
   // that this thread holds the flag.
   t_flags_held = t_flags_held + 1;
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
-  if (__atomic_exchange_n(flag, kFlagHeld, __ATOMIC_ACQUIRE) == kFlagFree) return true;
+  int expected = kFlagFree;
+  if (__atomic_compare_exchange_n(flag, &expected, value, false, __ATOMIC_ACQUIRE,
+                                  __ATOMIC_RELAXED)) {
+    return true;
+  }
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
   t_flags_held = t_flags_held - 1;
   return false;
 }
+
+bool try_take(int* flag) noexcept { return try_take_as(flag, current_tid()); }
 
 void release(int* flag) noexcept {
   __atomic_store_n(flag, kFlagFree, __ATOMIC_RELEASE);
@@ -158,42 +203,159 @@ void release(int* flag) noexcept {
   t_flags_held = t_flags_held - 1;
 }
 
+// Test seam: see set_abandoned_holder_limit_for_testing in the header.
+long g_abandoned_after_ns = kAbandonedHolderNs;
+
+long now_ns() noexcept {
+  struct timespec t = {0, 0};
+  // The vDSO's clock: no system call, not a cancellation point.
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
 // Spins, then yields, then sleeps briefly: a holder that was preempted (many
 // waiters on few CPUs, or an emulator) gets the CPU back sooner than under a
 // storm of yields, which the scheduler may answer by running the yielder
-// again. nanosleep is async-signal-safe.
-void wait_for(int* flag) noexcept {
-  for (int spins = 0; !try_take(flag); ++spins) {
+// again. The sleep is the raw system call: glibc's nanosleep() is a
+// cancellation point, and nothing here may be one (nocancel.hpp).
+//
+// Between sleeps it looks at the holder (see "Abandoned holders" in the
+// header) and gives up, returning false, when the holder will never release
+// the flag. `value` is what the flag holds once taken.
+bool wait_for(int* flag, int value, holder_verdict* verdict) noexcept {
+  int watched = kFlagFree;
+  long watched_since = 0;
+  for (int spins = 0; !try_take_as(flag, value); ++spins) {
+    if (__atomic_load_n(flag, __ATOMIC_RELAXED) == kFlagAbandoned) {
+      *verdict = holder_verdict::gone;
+      return false;
+    }
     if (spins < 64) continue;
     if (spins < 256) {
       sched_yield();
-    } else {
-      const int saved_errno = errno;
-      struct timespec pause = {0, 50 * 1000};
-      nanosleep(&pause, nullptr);
-      errno = saved_errno;
+      continue;
+    }
+    nocancel_sleep_ns(50 * 1000);
+    if ((spins & 15) != 0) continue;
+    const int holder = __atomic_load_n(flag, __ATOMIC_RELAXED);
+    const holder_verdict v = judge_holder(holder, &watched, &watched_since);
+    if (v != holder_verdict::running) {
+      // A holder that is gone never comes back: mark the flag, so later
+      // waiters give up at once (it stays held, so nobody ever takes it).
+      if (v == holder_verdict::gone) {
+        int expected = holder;
+        __atomic_compare_exchange_n(flag, &expected, kFlagAbandoned, false, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED);
+      }
+      *verdict = v;
+      return false;
     }
   }
+  return true;
 }
 
 }  // namespace
+
+holder_verdict judge_holder(int holder, int* watched, long* watched_since) noexcept {
+  // Free again, or the fork handler (which never waits unboundedly): wait.
+  if (holder == kFlagFree || holder == kFlagForked) {
+    *watched = kFlagFree;
+    return holder_verdict::running;
+  }
+  if (holder == kFlagAbandoned) return holder_verdict::gone;
+  if (holder == current_tid()) return holder_verdict::self;
+  const int saved_errno = errno;
+  const bool gone = syscall(SYS_tgkill, getpid(), holder, 0) != 0 && errno == ESRCH;
+  errno = saved_errno;
+  if (gone) return holder_verdict::gone;
+  const long now = now_ns();
+  if (holder != *watched) {
+    *watched = holder;
+    *watched_since = now;
+    return holder_verdict::running;
+  }
+  return now - *watched_since > g_abandoned_after_ns ? holder_verdict::stuck
+                                                     : holder_verdict::running;
+}
+
+void report_abandoned(const char* what, holder_verdict verdict) noexcept {
+  const char* why = verdict == holder_verdict::gone ? "its thread has exited"
+                    : verdict == holder_verdict::self
+                        ? "it is held by a frame of the calling thread that was left"
+                        : "its holder has made no progress for a long time";
+  char line[400];
+  std::size_t n = 0;
+  for (const char* part :
+       {"percpu: ", what, " was abandoned (", why,
+        "): a percpu operation was left without finishing, by a jump out of a signal handler, "
+        "pthread_exit() or cancellation in a handler; see the header's signal section\n"}) {
+    for (; *part != '\0' && n < sizeof(line) - 1; ++part) line[n++] = *part;
+  }
+#ifndef NDEBUG
+  nocancel_write(STDERR_FILENO, line, n);
+  std::abort();
+#else
+  // Once per process: the structure goes on without what was left held.
+  static int reported = 0;
+  if (__atomic_exchange_n(&reported, 1, __ATOMIC_RELAXED) == 0) {
+    nocancel_write(STDERR_FILENO, line, n);
+  }
+#endif
+}
+
+void set_abandoned_holder_limit_for_testing(long ns) noexcept {
+  g_abandoned_after_ns = ns > 0 ? ns : kAbandonedHolderNs;
+}
 
 bool try_take_flag(int* flag) noexcept { return try_take(flag); }
 
 bool take_flag(int* flag) noexcept {
   if (t_flags_held != 0) return try_take(flag);
-  wait_for(flag);
-  return true;
+  holder_verdict verdict = holder_verdict::running;
+  if (wait_for(flag, current_tid(), &verdict)) return true;
+  report_abandoned("a lock of a percpu structure", verdict);
+  return false;
 }
 
 void release_flag(int* flag) noexcept { release(flag); }
 
 int flags_held() noexcept { return t_flags_held; }
 
-void wait_for_flag(int* flag) noexcept { wait_for(flag); }
+bool wait_for_flag(int* flag) noexcept {
+  holder_verdict verdict = holder_verdict::running;
+  if (wait_for(flag, current_tid(), &verdict)) return true;
+  report_abandoned("a lock of a percpu structure", verdict);
+  return false;
+}
+
+void fork_wait_for_flag(int* flag) noexcept {
+  holder_verdict verdict = holder_verdict::running;
+  if (wait_for(flag, kFlagForked, &verdict)) return;
+  // The forking thread's own frames hold it (a handler that interrupted a
+  // holder called fork, or a frame a jump left): that thread is the child's
+  // one thread, so the flag is in the same state in both processes, and
+  // waiting could never end. Not an error by itself.
+  if (verdict == holder_verdict::self) return;
+  report_abandoned("a lock of a percpu structure, at fork(),", verdict);
+}
+
+void fork_release_flag(int* flag) noexcept {
+  const int value = __atomic_load_n(flag, __ATOMIC_RELAXED);
+  if (value == kFlagForked) {
+    release(flag);
+    return;
+  }
+  // Not taken by the fork handler. In the child, the flags that the forking
+  // thread's own frames hold carry its parent id: give them its new one.
+  const int self = current_tid();
+  if (value == g_fork_tid && value != self) __atomic_store_n(flag, self, __ATOMIC_RELAXED);
+}
+
+void exempt_from_fork_pending(bool on) noexcept { t_fork_exempt = on ? 1 : 0; }
 
 void begin_fork_flags() noexcept {
   t_forking = 1;
+  g_fork_tid = current_tid();
   __atomic_store_n(&g_fork_pending, 1, __ATOMIC_SEQ_CST);
 }
 
@@ -307,7 +469,7 @@ lock_result lock_slot(cpu_slot* slot, int cpu, std::intptr_t* value) noexcept {
       std::intptr_t expected = kSlotLocked;
       __atomic_compare_exchange_n(&slot->head, &expected, taken, false, __ATOMIC_RELEASE,
                                   __ATOMIC_RELAXED);
-      release_locker(slot);
+      release(&slot->locker);
       return lock_result::refused;
     }
     if (__atomic_load_n(&slot->head, __ATOMIC_SEQ_CST) == kSlotLocked) {
@@ -317,18 +479,18 @@ lock_result lock_slot(cpu_slot* slot, int cpu, std::intptr_t* value) noexcept {
     // An owner committed between the exchange and the fence: its value is
     // the list now. Take again.
   }
-  release_locker(slot);
+  release(&slot->locker);
   return lock_result::busy;
 }
 
 void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept {
   __atomic_store_n(&slot->head, value, __ATOMIC_RELEASE);
-  release_locker(slot);
+  release(&slot->locker);
 }
 
-void wait_for_locker(cpu_slot* slot) noexcept { wait_for(&slot->locker); }
+void wait_for_locker(cpu_slot* slot) noexcept { fork_wait_for_flag(&slot->locker); }
 
-void release_locker(cpu_slot* slot) noexcept { release(&slot->locker); }
+void release_locker(cpu_slot* slot) noexcept { fork_release_flag(&slot->locker); }
 
 }  // namespace internal
 }  // namespace percpu

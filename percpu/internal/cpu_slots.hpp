@@ -80,6 +80,35 @@
 //   So no cycle exists in the waits-for graph: the only threads that wait
 //   hold nothing (no one can wait for them), except the fork handler, which
 //   waits only for threads that do not wait. A signal handler on the forking
+//   thread that interrupted a holder and calls fork() would wait for its own
+//   thread: the fork handler skips the flags that thread holds (see below).
+//   ref::kill() holds its kill flag, which the fork handler waits for, while
+//   it takes the slots' lockers; it exempts itself from the refusal above
+//   (exempt_from_fork_pending), so it finishes and the fork goes on.
+//
+// Abandoned holders (operations left by a jump, or a thread that exited)
+//   R2 assumes the holder's frame runs to its release. A signal handler that
+//   leaves with siglongjmp, or calls pthread_exit(), abandons the operation
+//   it interrupted: the flag stays held for ever and the count of flags its
+//   thread holds stays above zero (so that thread never waits again, by R1).
+//   Waiting for such a flag would never end, so a wait (take_flag's, the
+//   fork handler's, kill's) watches the holder, whose id the flag holds:
+//   - the calling thread itself (held by one of its own frames, interrupted
+//     or left): the fork handler skips the flag silently (the child's one
+//     thread is this one, with the same frames, so the flag is in the same
+//     state there); any other wait reports it;
+//   - a thread that has exited (tgkill(pid, tid, 0) answers ESRCH): the
+//     flag becomes kFlagAbandoned, so later waiters give up at once, and the
+//     wait reports it;
+//   - the same live thread for kAbandonedHolderNs: reported as stuck.
+//   Reporting is one line on stderr (report_abandoned); debug builds then
+//   abort, release builds (once per process) go on without what the flag
+//   guards, as for a busy slot: trim() and take_all() skip it, the depot's
+//   users take their non-waiting paths (allocate() may return nullptr), the
+//   fork leaves it as it is in both processes. Thread slots' busy words are
+//   watched the same way, through the owner's id (thread_slots.cpp).
+//   Nothing here is a cancellation point: the waits sleep with the raw
+//   system call (nocancel.hpp).
 //
 // Async-signal-safe: everything here except prepare_remote_fences.
 #pragma once
@@ -97,16 +126,27 @@ namespace internal {
 // are at least pointer-aligned).
 constexpr std::intptr_t kSlotLocked = 1;
 
-// A flag's two values (see "Flags, waiting, and why nothing deadlocks").
-// Flags are ints touched with atomics only, so they stay plain words that
-// a fork handler and a signal handler can take without any other state.
+// A flag's values (see "Flags, waiting, and why nothing deadlocks"): free,
+// the id (gettid) of the thread holding it, or kFlagForked while a fork
+// handler holds it. Flags are ints touched with atomics only, so they stay
+// plain words that a fork handler and a signal handler can take without any
+// other state; the holder's id is what lets a waiter tell a holder that will
+// never come back ("Abandoned holders").
 constexpr int kFlagFree = 0;
-constexpr int kFlagHeld = 1;
+constexpr int kFlagForked = -1;
+// A flag whose holder's thread has exited while holding it: never free again,
+// and a waiter that finds it gives up at once.
+constexpr int kFlagAbandoned = -2;
+
+// How long a waiter watches one live holder keep a flag before it calls the
+// holder abandoned (see "Abandoned holders"): far beyond any hold percpu
+// makes (a bounded batch move, membarrier, mmap), even preempted.
+constexpr long kAbandonedHolderNs = 10L * 1000 * 1000 * 1000;
 
 // One CPU's slot: the head owner sections update and the locker flag.
 struct alignas(64) cpu_slot {
   std::intptr_t head;  // plain stores by owner sections; atomics by lockers
-  int locker;          // a flag: kFlagFree or kFlagHeld
+  int locker;          // a flag
 };
 
 enum class lock_result {
@@ -218,27 +258,62 @@ unsigned long fence_count() noexcept;
 // sections may run).
 void simulate_missing_membarrier(bool on) noexcept;
 
-// The flags (see "Flags, waiting, and why nothing deadlocks" above): ints,
-// kFlagFree or kFlagHeld, touched with atomics only.
+// The flags (see "Flags, waiting, and why nothing deadlocks" above): ints
+// touched with atomics only.
 // One attempt; true when the caller now holds the flag.
 [[nodiscard]] bool try_take_flag(int* flag) noexcept;
 // Waits for the flag if the calling thread holds no flag (R1); otherwise one
-// attempt. True when the caller now holds the flag.
+// attempt. True when the caller now holds the flag; false also when the
+// holder was abandoned (reported: see "Abandoned holders").
 [[nodiscard]] bool take_flag(int* flag) noexcept;
 void release_flag(int* flag) noexcept;
 // How many flags the calling thread holds (0 outside percpu's slow paths).
 int flags_held() noexcept;
+// The calling thread's id (gettid), cached per thread; what its flags hold.
+int current_tid() noexcept;
 
-// The fork handler's waits (R3): take the flag even while holding others.
+// Waits for the flag whatever the calling thread holds, for callers that
+// know no holder waits for them (ref::kill: its thread slots' lockers and
+// its kill flag). False when the holder was abandoned (reported).
+[[nodiscard]] bool wait_for_flag(int* flag) noexcept;
+
+// What a waiter concludes about a flag's holder (see "Abandoned holders").
+enum class holder_verdict {
+  running,  // may still release it: keep waiting
+  self,     // the calling thread: a frame of its own holds it
+  gone,     // its thread has exited (tgkill answers ESRCH)
+  stuck,    // held by the same live thread for kAbandonedHolderNs
+};
+// Judges `holder` (a flag's value, or a thread slot owner's id). *watched
+// and *watched_since carry the holder seen last and since when; start with
+// *watched = kFlagFree.
+[[nodiscard]] holder_verdict judge_holder(int holder, int* watched, long* watched_since) noexcept;
+// One line on stderr naming `what` and why it will never be released; then,
+// in debug builds (NDEBUG not defined), abort.
+void report_abandoned(const char* what, holder_verdict verdict) noexcept;
+// Test seam: the time after which a live holder counts as stuck (0: the
+// default, kAbandonedHolderNs).
+void set_abandoned_holder_limit_for_testing(long ns) noexcept;
+
+// The fork handler's waits (R3): take the flag (as kFlagForked) even while
+// holding others; give up on a flag the forking thread's own frames hold
+// (silently: it is in the same state in the child, whose one thread that
+// is) or whose holder was abandoned (reported). fork_release_flag releases
+// only what fork_wait_for_flag took, and in the child gives the flags the
+// forking thread's own frames hold its new id.
+void fork_wait_for_flag(int* flag) noexcept;
+void fork_release_flag(int* flag) noexcept;
 void wait_for_locker(cpu_slot* slot) noexcept;
 void release_locker(cpu_slot* slot) noexcept;
-void wait_for_flag(int* flag) noexcept;
 
 // The fork registry's hold on every flag (R3): between begin and end, other
 // threads' attempts to take a flag fail, so the fork handler waits only for
-// the holders of that moment; the calling thread's attempts succeed.
+// the holders of that moment; the calling thread's attempts succeed, and so
+// do those of a thread that exempted itself: one that holds a flag the fork
+// handler waits for and must take others to finish (ref::kill).
 void begin_fork_flags() noexcept;
 void end_fork_flags() noexcept;
+void exempt_from_fork_pending(bool on) noexcept;
 
 // ---- Owner sections on per-CPU lists --------------------------------------
 //

@@ -2,6 +2,7 @@
 // before libc may have set up environ (see percpu/internal/environment.hpp).
 
 #include "percpu/internal/environment.hpp"
+#include "percpu/internal/nocancel.hpp"
 
 #include <fcntl.h>
 #include <sys/auxv.h>
@@ -61,19 +62,19 @@ const char* startup_env(const char* name, char* buffer, std::size_t size) noexce
     return buffer;
   }
   const int saved_errno = errno;
-  const int fd = open("/proc/self/environ", O_RDONLY | O_CLOEXEC);
+  const int fd = nocancel_open_read_only("/proc/self/environ");
   if (fd < 0) {
     errno = saved_errno;
     return nullptr;
   }
   environ_scanner scanner(name, buffer, size);
   char chunk[512];
-  ssize_t n;
+  long n;
   bool more = true;
-  while (more && (n = read(fd, chunk, sizeof(chunk))) > 0) {
+  while (more && (n = nocancel_read(fd, chunk, sizeof(chunk))) > 0) {
     more = scanner.feed(chunk, static_cast<std::size_t>(n));
   }
-  close(fd);
+  nocancel_close(fd);
   errno = saved_errno;
   return scanner.value();
 }

@@ -41,6 +41,7 @@
 #include "percpu/internal/config.hpp"
 #include "percpu/internal/environment.hpp"
 #include "percpu/internal/fallback.hpp"
+#include "percpu/internal/nocancel.hpp"
 #include "percpu/internal/rseq_abi.hpp"
 
 // glibc 2.35+ defines these; weak, so linking works against any glibc and a
@@ -142,10 +143,7 @@ void say(std::initializer_list<const char*> parts) noexcept {
     for (; *part != '\0' && n < sizeof(line) - 1; ++part) line[n++] = *part;
   }
   line[n++] = '\n';
-  const int saved_errno = errno;
-  ssize_t ignored = write(STDERR_FILENO, line, n);
-  (void)ignored;
-  errno = saved_errno;
+  nocancel_write(STDERR_FILENO, line, n);
 }
 
 forced_backend parse_backend(const char* name) {

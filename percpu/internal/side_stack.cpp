@@ -7,9 +7,9 @@
 namespace percpu {
 namespace internal {
 
-void wait_for_consumer(side_stack* stack) noexcept { wait_for_flag(&stack->consumer); }
+void wait_for_consumer(side_stack* stack) noexcept { fork_wait_for_flag(&stack->consumer); }
 
-void release_consumer(side_stack* stack) noexcept { release_flag(&stack->consumer); }
+void release_consumer(side_stack* stack) noexcept { fork_release_flag(&stack->consumer); }
 
 void side_push(side_stack* stack, side_node* first, side_node* last) noexcept {
   std::intptr_t head = __atomic_load_n(&stack->head, __ATOMIC_RELAXED);
@@ -35,7 +35,7 @@ side_node* side_pop(side_stack* stack) noexcept {
     }
     node = nullptr;
   }
-  release_consumer(stack);
+  release_flag(&stack->consumer);
   return node;
 }
 
@@ -43,7 +43,7 @@ side_node* side_take_all(side_stack* stack) noexcept {
   if (__atomic_load_n(&stack->head, __ATOMIC_RELAXED) == 0) return nullptr;
   if (!try_take_flag(&stack->consumer)) return nullptr;
   const std::intptr_t head = __atomic_exchange_n(&stack->head, 0, __ATOMIC_ACQUIRE);
-  release_consumer(stack);
+  release_flag(&stack->consumer);
   return reinterpret_cast<side_node*>(head);
 }
 

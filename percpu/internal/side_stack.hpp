@@ -26,7 +26,7 @@ struct side_node {
 
 struct alignas(64) side_stack {
   std::intptr_t head;  // side_node*, 0 when empty; atomics only
-  int consumer;        // a flag: kFlagFree or kFlagHeld
+  int consumer;        // a flag (cpu_slots.hpp)
 };
 
 // Pushes first..last (already linked through next) in one step.
@@ -37,7 +37,7 @@ void side_push(side_stack* stack, side_node* first, side_node* last) noexcept;
 [[nodiscard]] side_node* side_take_all(side_stack* stack) noexcept;
 
 // The fork handler's waits (R3): take the consumer flag even while holding
-// others.
+// others (fork_wait_for_flag / fork_release_flag of cpu_slots.hpp).
 void wait_for_consumer(side_stack* stack) noexcept;
 void release_consumer(side_stack* stack) noexcept;
 

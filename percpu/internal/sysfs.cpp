@@ -12,6 +12,7 @@
 #include <cstddef>
 
 #include "percpu/internal/fallback.hpp"
+#include "percpu/internal/nocancel.hpp"
 
 namespace percpu {
 namespace internal {
@@ -64,10 +65,10 @@ int read_max_cpus() noexcept {
   const int saved_errno = errno;
   // The kernel's own list of possible CPUs: the tightest bound, where /sys is
   // there to read it.
-  const int fd = open("/sys/devices/system/cpu/possible", O_RDONLY | O_CLOEXEC);
+  const int fd = nocancel_open_read_only("/sys/devices/system/cpu/possible");
   if (fd >= 0) {
-    const ssize_t n = read(fd, text, sizeof(text) - 1);
-    close(fd);
+    const long n = nocancel_read(fd, text, sizeof(text) - 1);
+    nocancel_close(fd);
     if (n > 0) {
       text[n] = '\0';
       count = internal::cpu_list_bound(text);

@@ -2,6 +2,7 @@
 // remote lock of a thread's slot, and the fork handler's helpers.
 
 #include "percpu/internal/thread_slots.hpp"
+#include "percpu/internal/nocancel.hpp"
 
 #include <pthread.h>
 #include <sched.h>
@@ -107,9 +108,46 @@ void unlock_thread_slot(thread_slot* slot) noexcept {
   release_flag(&slot->locker);
 }
 
+namespace {
+
+// Waits until no owner is inside slot `index` of `slots` (owners never wait
+// while inside, rule R2). False when its owner will never leave it: a frame
+// of the owner's thread that was left by a jump, or a thread that exited
+// inside (see "Abandoned holders" in cpu_slots.hpp); *verdict says which.
+// The sleep is the raw system call, never a cancellation point.
+bool wait_until_idle(thread_slot* slot, int index, holder_verdict* verdict) noexcept {
+  int watched = kFlagFree;
+  long watched_since = 0;
+  for (int spins = 0; __atomic_load_n(&slot->busy, __ATOMIC_ACQUIRE) != 0; ++spins) {
+    if (spins < 64) continue;
+    if (spins < 256) {
+      sched_yield();
+      continue;
+    }
+    nocancel_sleep_ns(50 * 1000);
+    if ((spins & 15) != 0) continue;
+    const int owner = __atomic_load_n(&g_thread_owner[index], __ATOMIC_RELAXED);
+    const holder_verdict v =
+        owner == 0 ? holder_verdict::gone : judge_holder(owner, &watched, &watched_since);
+    if (v != holder_verdict::running) {
+      *verdict = v;
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 bool revoke_all_thread_slots(thread_slot* slots) noexcept {
   for (int i = 0; i < kThreadSlots; ++i) {
-    wait_for_flag(&slots[i].locker);
+    if (!wait_for_flag(&slots[i].locker)) {
+      // Only a kill() or a fork handler takes these lockers, so this one
+      // was left by a jump out of either (reported): nothing exact is left
+      // to do.
+      for (int j = 0; j < i; ++j) unlock_thread_slot(&slots[j]);
+      return false;
+    }
     __atomic_store_n(&slots[i].revoked, 1, __ATOMIC_SEQ_CST);
   }
   if (!barrier_all()) {
@@ -117,7 +155,13 @@ bool revoke_all_thread_slots(thread_slot* slots) noexcept {
     return false;
   }
   for (int i = 0; i < kThreadSlots; ++i) {
-    while (__atomic_load_n(&slots[i].busy, __ATOMIC_ACQUIRE) != 0) sched_yield();
+    holder_verdict verdict = holder_verdict::running;
+    if (!wait_until_idle(&slots[i], i, &verdict)) {
+      // Its owner left a get() or put() by a jump, or exited inside one:
+      // it never writes this word again (its next operation finds busy set
+      // and takes the atomic paths), so the word is final as it is.
+      report_abandoned("a thread's word of a percpu::ref, at kill(),", verdict);
+    }
   }
   return true;
 }
@@ -134,15 +178,22 @@ int g_forking_pid = 0;
 void revoke_thread_slots_for_fork(thread_slot* slots) noexcept {
   __atomic_store_n(&g_forking_pid, getpid(), __ATOMIC_RELAXED);
   for (int i = 0; i < kThreadSlots; ++i) {
-    wait_for_flag(&slots[i].locker);
-    __atomic_store_n(&slots[i].revoked, 1, __ATOMIC_SEQ_CST);
+    fork_wait_for_flag(&slots[i].locker);
+    // A locker this handler could not take keeps the revoked flag its
+    // holder set (or cleared).
+    if (__atomic_load_n(&slots[i].locker, __ATOMIC_RELAXED) == kFlagForked) {
+      __atomic_store_n(&slots[i].revoked, 1, __ATOMIC_SEQ_CST);
+    }
   }
   if (!barrier_all()) __atomic_thread_fence(__ATOMIC_SEQ_CST);
   const int self = t_thread_index_plus_one - 1;  // its own slot may be busy below this handler
   for (int i = 0; i < kThreadSlots; ++i) {
     if (i == self) continue;
-    for (int spins = 0; __atomic_load_n(&slots[i].busy, __ATOMIC_ACQUIRE) != 0; ++spins) {
-      if (spins > 64) sched_yield();
+    holder_verdict verdict = holder_verdict::running;
+    if (!wait_until_idle(&slots[i], i, &verdict) && verdict != holder_verdict::self) {
+      // The child clears it (restore_thread_slots_after_fork); the parent
+      // keeps it as its owner left it.
+      report_abandoned("a thread's slot of a percpu structure, at fork(),", verdict);
     }
   }
 }
@@ -156,8 +207,10 @@ void restore_thread_slots_after_fork(thread_slot* slots) noexcept {
   const int self = t_thread_index_plus_one - 1;
   for (int i = 0; i < kThreadSlots; ++i) {
     if (child && i != self) __atomic_store_n(&slots[i].busy, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&slots[i].revoked, 0, __ATOMIC_RELEASE);
-    release_flag(&slots[i].locker);
+    if (__atomic_load_n(&slots[i].locker, __ATOMIC_RELAXED) == kFlagForked) {
+      __atomic_store_n(&slots[i].revoked, 0, __ATOMIC_RELEASE);
+    }
+    fork_release_flag(&slots[i].locker);
   }
 }
 

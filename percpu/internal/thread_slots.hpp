@@ -60,7 +60,7 @@ struct alignas(64) thread_slot {
   std::intptr_t aux;   // a second word for the structure's own use, same rules
   int busy;            // written only by the owning thread (and its handlers)
   int revoked;         // written only by the holder of locker
-  int locker;          // a flag: kFlagFree or kFlagHeld
+  int locker;          // a flag (cpu_slots.hpp)
 };
 
 // The calling thread's index in [0, kThreadSlots), or -1.
