@@ -230,13 +230,7 @@ bool wait_for(int* flag, int value, holder_verdict* verdict) noexcept {
       *verdict = holder_verdict::gone;
       return false;
     }
-    if (spins < 64) continue;
-    if (spins < 256) {
-      sched_yield();
-      continue;
-    }
-    nocancel_sleep_ns(50 * 1000);
-    if ((spins & 15) != 0) continue;
+    if (!back_off(spins)) continue;
     const int holder = __atomic_load_n(flag, __ATOMIC_RELAXED);
     const holder_verdict v = judge_holder(holder, &watched, &watched_since);
     if (v != holder_verdict::running) {
@@ -255,6 +249,16 @@ bool wait_for(int* flag, int value, holder_verdict* verdict) noexcept {
 }
 
 }  // namespace
+
+bool back_off(int spins) noexcept {
+  if (spins < 64) return false;
+  if (spins < 256) {
+    sched_yield();
+    return false;
+  }
+  nocancel_sleep_ns(50 * 1000);
+  return (spins & 15) == 0;
+}
 
 holder_verdict judge_holder(int holder, int* watched, long* watched_since) noexcept {
   // Free again, or the fork handler (which never waits unboundedly): wait.

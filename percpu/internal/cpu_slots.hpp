@@ -288,6 +288,13 @@ enum class holder_verdict {
 // and *watched_since carry the holder seen last and since when; start with
 // *watched = kFlagFree.
 [[nodiscard]] holder_verdict judge_holder(int holder, int* watched, long* watched_since) noexcept;
+
+// The back-off step of every wait for a holder, at the waiter's `spins`-th
+// look: spin, then yield, then sleep 50 us through the raw system call (never
+// a cancellation point). True every 16th sleep, when the waiter should judge
+// its holder (judge_holder).
+[[nodiscard]] bool back_off(int spins) noexcept;
+
 // One line on stderr naming `what` and why it will never be released; then,
 // in debug builds (NDEBUG not defined), abort.
 void report_abandoned(const char* what, holder_verdict verdict) noexcept;

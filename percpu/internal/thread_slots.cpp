@@ -119,13 +119,7 @@ bool wait_until_idle(thread_slot* slot, int index, holder_verdict* verdict) noex
   int watched = kFlagFree;
   long watched_since = 0;
   for (int spins = 0; __atomic_load_n(&slot->busy, __ATOMIC_ACQUIRE) != 0; ++spins) {
-    if (spins < 64) continue;
-    if (spins < 256) {
-      sched_yield();
-      continue;
-    }
-    nocancel_sleep_ns(50 * 1000);
-    if ((spins & 15) != 0) continue;
+    if (!back_off(spins)) continue;
     const int owner = __atomic_load_n(&g_thread_owner[index], __ATOMIC_RELAXED);
     const holder_verdict v =
         owner == 0 ? holder_verdict::gone : judge_holder(owner, &watched, &watched_since);
