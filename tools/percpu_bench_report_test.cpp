@@ -33,6 +33,19 @@ using json = nlohmann::json;
 using percpu::test::read_file;
 using percpu::test::temp_path;
 
+// What `writer` writes for `run` into a scratch file, parsed: discarded when
+// it could not write (a test failure) or wrote no JSON.
+template <typename Writer>
+json written_json(Writer writer, const run_result& run, const char* name) {
+  const std::string path = temp_path(name);
+  std::string error;
+  const bool wrote = writer(run, path, &error);
+  EXPECT_TRUE(wrote) << error;
+  json doc = wrote ? json::parse(read_file(path), nullptr, false) : json(json::value_t::discarded);
+  unlink(path.c_str());
+  return doc;
+}
+
 // Far longer than any line buffer a writer might format into.
 std::string long_text(const std::string& unit) {
   std::string s;
@@ -262,11 +275,7 @@ TEST(PercpuBenchReport, StructureRatiosRunOneWayWithTheirGoals) {
   EXPECT_NE(summary.find(" 5.00x / 5.00x  met"), std::string::npos) << summary;
 
   // The JSON says the same, in the same direction for every row.
-  const std::string path = temp_path("percpu_bench_report_structures");
-  std::string error;
-  ASSERT_TRUE(write_json(run, path, &error)) << error;
-  const json doc = json::parse(read_file(path), nullptr, false);
-  unlink(path.c_str());
+  const json doc = written_json(write_json, run, "percpu_bench_report_structures");
   ASSERT_FALSE(doc.is_discarded());
   ASSERT_EQ(doc.at("structures").size(), run.structures.size());
   for (const json& row : doc.at("structures")) {
@@ -289,6 +298,8 @@ TEST(PercpuBenchReport, StructureRatiosRunOneWayWithTheirGoals) {
   }
 
   // And so does the chart, on each percpu bar.
+  const std::string path = temp_path("percpu_bench_report_structures");
+  std::string error;
   ASSERT_TRUE(write_svg(run, path, &error)) << error;
   const std::string svg = read_file(path);
   unlink(path.c_str());
@@ -383,11 +394,7 @@ TEST(PercpuBenchReport, SvgBarsStartAtZeroOnALinearAxisWithALegend) {
 
 TEST(PercpuBenchReport, GbenchJsonHasWhatCompareReads) {
   const run_result run = made_up_run();
-  const std::string path = temp_path("percpu_bench_report_gbench");
-  std::string error;
-  ASSERT_TRUE(write_gbench_json(run, path, &error)) << error;
-  const json doc = json::parse(read_file(path), nullptr, false);
-  unlink(path.c_str());
+  const json doc = written_json(write_gbench_json, run, "percpu_bench_report_gbench");
   ASSERT_FALSE(doc.is_discarded());
   // compare.py refuses any other schema version.
   EXPECT_EQ(doc.at("context").at("json_schema_version").get<int>(), 1);
@@ -443,11 +450,7 @@ TEST(PercpuBenchReport, GbenchJsonHasWhatCompareReads) {
 
 TEST(PercpuBenchReport, GbenchJsonNamesStructureSidesForCompareFilters) {
   const run_result run = made_up_structures(kStructureFigures);
-  const std::string path = temp_path("percpu_bench_report_gbench_structures");
-  std::string error;
-  ASSERT_TRUE(write_gbench_json(run, path, &error)) << error;
-  const json doc = json::parse(read_file(path), nullptr, false);
-  unlink(path.c_str());
+  const json doc = written_json(write_gbench_json, run, "percpu_bench_report_gbench_structures");
   ASSERT_FALSE(doc.is_discarded());
   std::map<std::string, double> median_of;
   for (const json& b : doc.at("benchmarks")) {
