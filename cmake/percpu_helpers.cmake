@@ -26,6 +26,11 @@
 #       (glibc owns rseq), t.own (percpu registers,
 #       GLIBC_TUNABLES=glibc.pthread.rseq=0) and t.fallback (rseq fails with
 #       ENOSYS under a seccomp filter).
+#   percpu_add_emulated_tests(TARGET t [LABELS ...] [GTEST_EXCLUDE case...])
+#       registers t.emulated and t.emulated_rdpid: t under
+#       PERCPU_X86_64_EMULATOR -cpu max (an emulated CPU with RDPID, no rseq),
+#       unforced and with PERCPU_BACKEND=rdpid, both demanding the rdpid
+#       backend: the RDPID backend's coverage on hosts whose CPU lacks it.
 #   percpu_check_sections(target...)
 #       the targets hold rseq critical sections: tests/rseq_sections_check
 #       verifies their tables (every binary of the build that has any).
@@ -54,8 +59,14 @@
 #   asm-shape       checks the instructions of optimised code, which
 #                   instrumented builds do not produce
 #   static          a statically linked program
+#   emulated        runs under an emulated CPU (PERCPU_X86_64_EMULATOR);
+#                   instrumented lanes leave it out
 
 set(PERCPU_WARNINGS -Wall -Wextra)
+# qemu-x86_64 (qemu 8 or later) for the emulated variants; scripts/test.sh
+# fetches Debian trixie's. Empty: the variants are not registered.
+set(PERCPU_X86_64_EMULATOR "" CACHE FILEPATH
+    "qemu-x86_64 whose -cpu max has RDPID, for the *.emulated_rdpid test variants")
 # Per-test time limit, in seconds; slow launchers (valgrind) raise it.
 set(PERCPU_TEST_TIMEOUT 300 CACHE STRING "ctest TIMEOUT of each percpu test")
 if(PERCPU_WERROR)
@@ -165,6 +176,27 @@ function(percpu_add_test)
   if(DEFINED A_SKIP_RETURN_CODE)
     set_tests_properties(${A_NAME} PROPERTIES SKIP_RETURN_CODE ${A_SKIP_RETURN_CODE})
   endif()
+endfunction()
+
+function(percpu_add_emulated_tests)
+  cmake_parse_arguments(E "" "TARGET" "LABELS;GTEST_EXCLUDE" ${ARGN})
+  _percpu_no_unparsed(percpu_add_emulated_tests "${E_UNPARSED_ARGUMENTS}")
+  percpu_target(_target ${E_TARGET})
+  set(_filter)
+  if(E_GTEST_EXCLUDE)
+    list(JOIN E_GTEST_EXCLUDE ":" _exclude)
+    set(_filter "GTEST_FILTER=-${_exclude}")
+  endif()
+  set(_command ${PERCPU_X86_64_EMULATOR} -cpu max $<TARGET_FILE:${_target}>)
+  # qemu-user answers rseq with ENOSYS: the fallback serves every thread.
+  # Unforced, it must be RDPID, the fastest the emulated CPU offers.
+  percpu_add_test(NAME ${E_TARGET}.emulated COMMAND ${_command} MODE fallback
+    LABELS ${E_LABELS} emulated
+    ENV PERCPU_EXPECT_OWNER=none PERCPU_EXPECT_BACKEND=rdpid PERCPU_EXPECT_SECTIONS=no_rseq ${_filter})
+  percpu_add_test(NAME ${E_TARGET}.emulated_rdpid COMMAND ${_command} MODE forced
+    LABELS ${E_LABELS} emulated
+    ENV PERCPU_BACKEND=rdpid PERCPU_EXPECT_BACKEND=rdpid PERCPU_EXPECT_SECTIONS=fallback_forced
+        ${_filter})
 endfunction()
 
 function(percpu_check_sections)

@@ -29,15 +29,12 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-
 #include "percpu/internal/environment.hpp"
 #include "percpu/internal/fallback.hpp"
 #include "percpu/internal/registration.hpp"
 #include "percpu/internal/rseq_cs.hpp"
 #include "percpu/percpu.h"
+#include "tests/support/expected_backend.hpp"
 #include "tests/support/expected_sections.hpp"
 #include "tools/seccomp_deny_rseq.hpp"
 
@@ -55,42 +52,21 @@ kernel_answer ask_kernel() {
   return {static_cast<int>(cpu), static_cast<int>(node)};
 }
 
-std::vector<int> allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  EXPECT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  return cpus;
-}
+using test::allowed_cpus;
+using test::pin_to;
 
-// Pins the calling thread to one CPU for its lifetime, restoring the old mask.
-class pin_to {
- public:
-  explicit pin_to(int cpu) {
-    CPU_ZERO(&old_);
-    sched_getaffinity(0, sizeof(old_), &old_);
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    ok_ = sched_setaffinity(0, sizeof(one), &one) == 0;
-    sched_yield();  // make sure the move has happened
-  }
-  ~pin_to() { sched_setaffinity(0, sizeof(old_), &old_); }
-  bool ok() const { return ok_; }
-
- private:
-  cpu_set_t old_;
-  bool ok_ = false;
-};
-
+// The backends to check answers from: rseq where it registers, and each
+// fallback percpu finds usable that the host offers on every CPU
+// (tests/support/expected_backend.hpp). The two judgements must agree
+// (CpuMode.EachFallbackUsableExactlyWhereTheHostOffersIt); where they cannot
+// (qemu-user's vDSO getcpu answers 0 on every CPU, which percpu's check on
+// one CPU cannot tell from a right answer on CPU 0), the emulated variant
+// leaves that test out and this list the backend.
 std::vector<cpu_backend> usable_backends() {
   std::vector<cpu_backend> result;
   if (internal::force_backend(cpu_backend::rseq)) result.push_back(cpu_backend::rseq);
   for (cpu_backend b : {cpu_backend::rdpid, cpu_backend::vdso, cpu_backend::syscall}) {
-    if (internal::fallback_usable(b, nullptr)) result.push_back(b);
+    if (internal::fallback_usable(b, nullptr) && test::host_offers(b)) result.push_back(b);
   }
   return result;
 }
@@ -145,29 +121,9 @@ class BackendTest : public ::testing::Test {
 // The fallback start-up chose, taken before any test forces another one.
 const cpu_backend g_fallback_at_start = fallback_backend();
 
-// The fallback that start-up must choose when nothing forces one, worked out
-// here without percpu's own detection where that is possible: RDPID when
-// CPUID reports it and, on every allowed CPU, it names the CPU getcpu names;
-// else the vDSO getcpu when the kernel's vDSO has one that agrees with the
-// system call; else the system call.
-cpu_backend expected_unforced_fallback() {
-#if defined(__x86_64__)
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 22)) != 0) {
-    bool agrees = true;
-    for (int cpu : allowed_cpus()) {
-      pin_to pin(cpu);
-      if (!pin.ok()) continue;
-      const unsigned aux = internal::rdpid_tsc_aux();
-      agrees = agrees && static_cast<int>(aux & internal::kRdpidCpuMask) == ask_kernel().cpu &&
-               static_cast<int>(aux >> internal::kRdpidNodeShift) == ask_kernel().node;
-    }
-    if (agrees) return cpu_backend::rdpid;
-  }
-#endif
-  if (internal::fallback_usable(cpu_backend::vdso, nullptr)) return cpu_backend::vdso;
-  return cpu_backend::syscall;
-}
+// The fallback that start-up must choose when nothing forces one: the
+// fastest the host offers (tests/support/expected_backend.hpp).
+cpu_backend expected_unforced_fallback() { return test::documented_fallback(cpu_backend::rdpid); }
 
 // The mode this run exercised, printed and, where the ctest variant says which
 // mode it is for, asserted.
@@ -182,7 +138,10 @@ TEST(CpuMode, PrintedAndAsExpected) {
     EXPECT_STREQ(to_string(rseq_ownership()), want);
   }
   if (const char* want = std::getenv("PERCPU_EXPECT_BACKEND")) {
-    EXPECT_STREQ(to_string(backend()), want);
+    std::string why;
+    const std::string expected = test::expected_backend(want, &why);
+    std::printf("checked backend %s: %s\n", expected.c_str(), why.c_str());
+    EXPECT_EQ(to_string(backend()), expected) << why;
   }
   if (const char* want = std::getenv("PERCPU_EXPECT_RSEQ_ERROR")) {
     EXPECT_EQ(internal::rseq_registration_error(), std::atoi(want));
@@ -336,17 +295,26 @@ TEST(CpuRegistration, LengthMatchesTheMode) {
   EXPECT_EQ(other, length);
 }
 
-TEST(CpuMode, SyscallAlwaysUsableAndVdsoOnX86) {
-  EXPECT_TRUE(internal::fallback_usable(cpu_backend::syscall, nullptr));
-#if defined(__x86_64__)
-  // valgrind hides the vDSO; everywhere else an x86-64 kernel has getcpu there.
-  if (std::getenv("PERCPU_UNDER_VALGRIND") == nullptr) {
-    EXPECT_TRUE(internal::fallback_usable(cpu_backend::vdso, nullptr));
+// Each fallback is usable exactly where the host offers it (worked out by
+// tests/support/expected_backend.hpp), and an unusable one says why: no test
+// assumes RDPID, or a vDSO getcpu (valgrind and qemu-user have none that
+// works), only the system call, which Linux always has.
+TEST(CpuMode, EachFallbackUsableExactlyWhereTheHostOffersIt) {
+  for (cpu_backend b : {cpu_backend::rdpid, cpu_backend::vdso, cpu_backend::syscall}) {
+    const char* why = nullptr;
+    const bool usable = internal::fallback_usable(b, &why);
+    const bool offered = test::host_offers(b);
+    std::printf("%s: %s\n", to_string(b),
+                offered ? "offered by this host, checked usable"
+                        : (std::string("not offered (") + test::why_not_offered(b) +
+                           "), checked unusable with a reason")
+                              .c_str());
+    EXPECT_EQ(usable, offered) << to_string(b) << (why != nullptr ? std::string(": ") + why : "");
+    EXPECT_EQ(why == nullptr, usable) << to_string(b);
   }
-#else
-  const char* why = nullptr;
-  EXPECT_FALSE(internal::fallback_usable(cpu_backend::rdpid, &why));
-  EXPECT_NE(why, nullptr);
+  EXPECT_TRUE(internal::fallback_usable(cpu_backend::syscall, nullptr));
+#if !defined(__x86_64__)
+  EXPECT_FALSE(internal::fallback_usable(cpu_backend::rdpid, nullptr));
 #endif
 }
 
@@ -664,6 +632,77 @@ TEST(CpuExec, WorksAfterExec) {
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// Runs this test binary again (as CpuExec does) with `env` changed (NAME=VALUE
+// sets, a bare NAME unsets) and one gtest filter; returns its exit status and what it wrote to stdout and
+// stderr, interleaved.
+struct child_run {
+  int status = -1;
+  std::string output;
+};
+child_run run_self(const char* filter, const std::vector<std::string>& env) {
+  child_run r;
+  int fds[2];
+  if (pipe(fds) != 0) return r;
+  const pid_t child = fork();
+  if (child == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    for (const std::string& e : env) {
+      if (e.find('=') == std::string::npos) {
+        unsetenv(e.c_str());
+      } else {
+        putenv(const_cast<char*>(e.c_str()));
+      }
+    }
+    const std::string arg = std::string("--gtest_filter=") + filter;
+    execl(program_invocation_name, program_invocation_name, arg.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buffer, sizeof(buffer))) > 0) r.output.append(buffer, n);
+  close(fds[0]);
+  if (child > 0) waitpid(child, &r.status, 0);
+  return r;
+}
+
+// PERCPU_BACKEND names a fallback: the child serves from it where the host
+// offers it and says nothing; where the host does not (RDPID on a CPU
+// without it, the vDSO under valgrind), it serves from the next one the host
+// offers and says so on stderr, naming both. The child checks which backend
+// serves (PERCPU_EXPECT_BACKEND=forced); here, that its message matches.
+// A forced fallback is every thread's source, so the owner and registration
+// error the variant expects do not hold for the child.
+TEST(ForcedBackend, AnUnofferedChoiceFallsToTheNextAndSaysSo) {
+  for (const char* forced : {"rdpid", "vdso", "syscall"}) {
+    SCOPED_TRACE(forced);
+    const child_run r = run_self("CpuMode.PrintedAndAsExpected",
+                                 {std::string("PERCPU_BACKEND=") + forced,
+                                  "PERCPU_EXPECT_BACKEND=forced", "PERCPU_EXPECT_OWNER",
+                                  "PERCPU_EXPECT_RSEQ_ERROR"});
+    ASSERT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.output;
+    const std::string marker = "checked backend ";
+    const std::size_t at = r.output.find(marker);
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const std::string chosen =
+        r.output.substr(at + marker.size(), r.output.find(':', at) - at - marker.size());
+    const std::string message = std::string("PERCPU_BACKEND=") + forced + " is unavailable here (";
+    const std::size_t said = r.output.find(message);
+    std::printf("PERCPU_BACKEND=%s: served by %s, %s\n", forced, chosen.c_str(),
+                chosen == forced ? "checked no message" : "checked the message");
+    if (chosen == forced) {
+      EXPECT_EQ(said, std::string::npos) << r.output;
+    } else {
+      ASSERT_NE(said, std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("); using " + chosen, said), std::string::npos) << r.output;
+    }
+  }
 }
 
 // A registration that fails on one thread is that thread's fact: threads

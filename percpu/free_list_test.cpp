@@ -114,7 +114,8 @@ TEST(FreeListTest, LifoOnOneCpu) {
 
 TEST(FreeListTest, PopStealsFromAnotherCpu) {
   const std::vector<int> cpus = stress::test_cpus(2);
-  ASSERT_EQ(cpus.size(), 2u) << "this test needs two CPUs";
+  if (cpus.size() < 2) GTEST_SKIP() << "a steal needs two CPUs; this process may use one";
+  const stress::affinity_guard restore;
   const std::vector<int> saved = stress::allowed_cpus();
   free_list list;
   // Another thread pushes: without rseq a thread's pushes go to a list of
@@ -157,7 +158,8 @@ TEST(FreeListTest, PopStealsFromAnotherCpu) {
 
 TEST(FreeListTest, StealsAreRefusedWithoutMembarrierWhileSectionsRun) {
   const std::vector<int> cpus = stress::test_cpus(2);
-  ASSERT_EQ(cpus.size(), 2u);
+  if (cpus.size() < 2) GTEST_SKIP() << "a steal needs two CPUs; this process may use one";
+  const stress::affinity_guard restore;
   const std::vector<int> saved = stress::allowed_cpus();
   free_list list;
   ASSERT_TRUE(stress::restrict_to({cpus[0]}));

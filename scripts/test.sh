@@ -67,6 +67,26 @@ groups+=(allocators sync aarch64)  # benchmarks link the allocators, TBB and lib
 groups+=(gbench-tools)  # percpu_bench_test reads percpu-bench's Google Benchmark JSON with compare.py
 "$root/scripts/deps.sh" "${groups[@]}" || exit 1
 
+# What the host offers, printed first so that a failure report says where it
+# ran: the tests check percpu's documented behaviour for what is here, never
+# assume it (tests/support/expected_backend.hpp).
+"$root/scripts/host_report.sh"
+
+# The RDPID backend is tested on every host, under an emulated CPU that has
+# the instruction (the *.emulated_rdpid variants): Debian trixie's qemu-user
+# (qemu 10; bookworm's 7.2 faults on RDPID), fetched once into the VM lanes'
+# cache. PERCPU_X86_64_EMULATOR set beforehand names another.
+if [ "$(uname -m)" = x86_64 ] && [ -z "${PERCPU_X86_64_EMULATOR:-}" ]; then
+  if PERCPU_X86_64_EMULATOR=$("$root/scripts/lanes/vm/fetch.sh" "${VM_CACHE:-$root/build/kernels-cache}" \
+                                qemu-user amd64 trixie,sid); then
+    export PERCPU_X86_64_EMULATOR
+    echo "RDPID variants: under $PERCPU_X86_64_EMULATOR -cpu max ($("$PERCPU_X86_64_EMULATOR" --version | head -n1))"
+  else
+    echo "test.sh: cannot fetch trixie's qemu-user for the RDPID variants (fetch.sh said why above)" >&2
+    exit 1
+  fi
+fi
+
 # The build and test configurations of the lanes that run ctest live in
 # CMakePresets.json (one configure, build and test preset per lane, building
 # in build/lanes/NAME), and choose tests by ctest label (the list is in

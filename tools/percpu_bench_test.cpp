@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cinttypes>
+#include <utility>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "percpu/cpu.hpp"
+#include "tests/support/expected_backend.hpp"
 #include "tests/support/files.hpp"
 
 extern char** environ;
@@ -307,15 +309,33 @@ TEST_F(PercpuBenchFullRun, CoreMethodsAreAlwaysMeasured) {
       EXPECT_TRUE(m.at("available").get<bool>())
           << name << ": " << (m.contains("reason") ? m.at("reason").get<std::string>() : "");
     }
+    // The hardware and vDSO rows: measured exactly where this host offers
+    // them (tests/support/expected_backend.hpp), with the reason otherwise.
+    const std::pair<const char*, percpu::cpu_backend> offered_rows[] = {
+        {"rdpid", percpu::cpu_backend::rdpid},
+        {"vdso_getcpu", percpu::cpu_backend::vdso},
+        {"syscall_getcpu", percpu::cpu_backend::syscall}};
+    for (const auto& [row, backend] : offered_rows) {
+      if (name != row) continue;
+      const bool offered = percpu::test::host_offers(backend);
+      std::printf("%s: %s\n", row,
+                  offered ? "offered here, checked measured"
+                          : (std::string("not offered (") + percpu::test::why_not_offered(backend) +
+                             "), checked n/a with a reason")
+                                .c_str());
+      EXPECT_EQ(m.at("available").get<bool>(), offered) << row;
+      EXPECT_EQ(m.contains("reason"), !offered) << row;
+    }
+    if (name == "rdtscp") {
+      bool has_rdtscp = false;
 #if defined(__x86_64__)
-    if (name == "vdso_getcpu") {
-      EXPECT_TRUE(m.at("available").get<bool>()) << "x86-64 Linux has a vDSO getcpu";
-    }
-#else
-    if (name == "rdpid" || name == "rdtscp") {
-      EXPECT_FALSE(m.at("available").get<bool>()) << "only x86-64 has " << name;
-    }
+      unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+      has_rdtscp = __get_cpuid(0x80000001, &eax, &ebx, &ecx, &edx) && (edx & (1u << 27)) != 0;
 #endif
+      std::printf("rdtscp: the CPU %s it, checked %s\n", has_rdtscp ? "reports" : "does not report",
+                  has_rdtscp ? "measured" : "n/a");
+      EXPECT_EQ(m.at("available").get<bool>(), has_rdtscp);
+    }
   }
 }
 

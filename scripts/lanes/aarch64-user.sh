@@ -20,7 +20,7 @@
 #                    that this is still so and runs them if it changes.
 #   gtest cases in EXEC_GTEST_EXCLUDE, only when the kernel has no binfmt_misc
 #                    entry for aarch64 (containers): they exec an aarch64
-#                    binary (CpuExec, and gtest's "threadsafe" death tests,
+#                    binary (CpuExec, ForcedBackend, and gtest's "threadsafe" death tests,
 #                    which re-exec the test), which the host kernel cannot
 #                    start without one.
 #   gtest cases in QEMU_GTEST_EXCLUDE: a forked child of a multithreaded
@@ -37,7 +37,7 @@
 set -euo pipefail
 
 # gtest cases that exec an aarch64 program: they need binfmt_misc for qemu-aarch64.
-EXEC_GTEST_EXCLUDE=(CpuExec.WorksAfterExec '*DeathTest.*' 'HiddenSys.MaxCpusBoundsEveryIdWithoutSys'
+EXEC_GTEST_EXCLUDE=(CpuExec.WorksAfterExec 'ForcedBackend.*' '*DeathTest.*' 'HiddenSys.MaxCpusBoundsEveryIdWithoutSys'
                     'HiddenSys.MaxCpusFollowsASparsePossibleList')
 # gtest cases that qemu-user 7.2 itself cannot run (fork, then threads in the child).
 QEMU_GTEST_EXCLUDE=('*.ForkDuringHeavyUse' 'SharedMutexStressTest.ForkWhile*')

@@ -142,12 +142,13 @@ dynamic_runs() {  # arch prefix
     owner=glibc
     local ld=("$p/g/$g/$(loader_name "$arch")" --library-path "$p/g/$g:$p/d/lib")
     for t in "${DYNAMIC_TESTS[@]}"; do
-      # CpuExec re-executes the test binary itself, which then needs the
-      # system's loader: the initramfs has none (the static runs cover it).
+      # CpuExec and ForcedBackend re-execute the test binary itself, which
+      # then needs the system's loader: the initramfs has none (the static
+      # runs cover them).
       run "glibc-$v/glibc/$t" PERCPU_EXPECT_OWNER=$owner PERCPU_EXPECT_BACKEND=rseq \
-        GTEST_FILTER=-CpuExec.* rseq -- "${ld[@]}" "$p/d/$t"
+        GTEST_FILTER=-CpuExec.*:ForcedBackend.* rseq -- "${ld[@]}" "$p/d/$t"
       run "glibc-$v/own/$t" GLIBC_TUNABLES=glibc.pthread.rseq=0 PERCPU_EXPECT_OWNER=percpu \
-        PERCPU_EXPECT_BACKEND=rseq GTEST_FILTER=-CpuExec.* rseq -- "${ld[@]}" "$p/d/$t"
+        PERCPU_EXPECT_BACKEND=rseq GTEST_FILTER=-CpuExec.*:ForcedBackend.* rseq -- "${ld[@]}" "$p/d/$t"
     done
   done
   # Another registrant first, under the newest glibc (whose own is off).

@@ -54,6 +54,19 @@ bool restrict_to(const std::vector<int>& cpus);
 bool set_affinity(pid_t tid, const std::vector<int>& cpus);
 
 // Set by the group to ask its workers to return.
+// Restores the calling thread's allowed CPUs when it goes out of scope, so
+// a test that fails an ASSERT while pinned leaves the next test unpinned.
+class affinity_guard {
+ public:
+  affinity_guard() : saved_(allowed_cpus()) {}
+  ~affinity_guard() { restrict_to(saved_); }
+  affinity_guard(const affinity_guard&) = delete;
+  affinity_guard& operator=(const affinity_guard&) = delete;
+
+ private:
+  std::vector<int> saved_;
+};
+
 class stop_flag {
  public:
   explicit operator bool() const { return stop_.load(std::memory_order_relaxed); }

@@ -6,6 +6,9 @@
 #   scripts/lanes/vm/fetch.sh CACHE libc6 ARCH SUITE    -> prints a directory with that glibc's
 #                                                          lib/ (ld.so, libc.so.6, libm.so.6...)
 #   scripts/lanes/vm/fetch.sh CACHE busybox ARCH SUITE  -> prints the path of busybox-static's binary
+#   scripts/lanes/vm/fetch.sh CACHE qemu-user ARCH SUITE -> prints the path of that suite's
+#                                                          qemu-x86_64 (static-pie from trixie
+#                                                          on: it runs on older hosts unpacked)
 #
 # SUITE may also be a comma-separated list (bookworm,trixie): the first that
 # serves the package does, with a warning when it is not the first.
@@ -49,7 +52,8 @@ case $WHAT in
   kernel) PACKAGE=linux-image-cloud-$ARCH ;;
   libc6) PACKAGE=libc6 ;;
   busybox) PACKAGE=busybox-static ;;
-  *) echo "fetch: unknown kind '$WHAT' (kernel, libc6 or busybox)" >&2; exit 2 ;;
+  qemu-user) PACKAGE=qemu-user ;;
+  *) echo "fetch: unknown kind '$WHAT' (kernel, libc6, busybox or qemu-user)" >&2; exit 2 ;;
 esac
 ATTEMPTS=${VM_FETCH_UPDATE_ATTEMPTS:-3}
 DELAY=${VM_FETCH_RETRY_DELAY:-20}
@@ -271,5 +275,19 @@ case $WHAT in
       rm -rf "$out/x"
     fi
     echo "$out/busybox"
+    ;;
+  qemu-user)
+    # Only the x86-64 emulator: the RDPID lane runs x86-64 tests on a CPU
+    # model (-cpu max) that has the instruction the host may lack.
+    out=$CACHE/qemu-user/$ARCH-$suite
+    if [[ ! -s $out/qemu-x86_64 || $(cat "$out/version" 2>/dev/null) != "$version" ]]; then
+      rm -rf "$out" && mkdir -p "$out/x"
+      dpkg-deb -x "$deb" "$out/x"
+      [[ -x $out/x/usr/bin/qemu-x86_64 ]] || { echo "fetch: no usr/bin/qemu-x86_64 in $deb" >&2; exit 1; }
+      cp "$out/x/usr/bin/qemu-x86_64" "$out/qemu-x86_64"
+      echo "$version" >"$out/version"
+      rm -rf "$out/x"
+    fi
+    echo "$out/qemu-x86_64"
     ;;
 esac
