@@ -26,6 +26,13 @@
 #       (glibc owns rseq), t.own (percpu registers,
 #       GLIBC_TUNABLES=glibc.pthread.rseq=0) and t.fallback (rseq fails with
 #       ENOSYS under a seccomp filter).
+#   percpu_add_no_membarrier_tests(TARGET t [ARGS ...] [TIMEOUT s] [LABELS ...])
+#       registers t.no_membarrier where glibc registers rseq
+#       (PERCPU_HAVE_GLIBC_RSEQ): t under tests/seccomp_exec --membarrier
+#       ENOSYS, asserting glibc's rseq and sections on: a host with rseq but
+#       without membarrier's RSEQ fence (Linux 4.18-5.9, no CONFIG_MEMBARRIER,
+#       a sandbox refusing membarrier), where the structures keep away from
+#       other CPUs' slots. Labels: the .glibc variant's and no-membarrier.
 #   percpu_add_emulated_tests(TARGET t [LABELS ...] [GTEST_EXCLUDE case...])
 #       registers t.emulated and t.emulated_rdpid: t under
 #       PERCPU_X86_64_EMULATOR -cpu max (an emulated CPU with RDPID, no rseq),
@@ -54,6 +61,11 @@
 #   needs-rseq      cannot pass without the kernel's rseq (mode-glibc and
 #                   mode-own variants, tests bringing their own registrant);
 #                   lanes that take rseq away leave these out
+#   no-membarrier   membarrier(2) refused with ENOSYS by seccomp, glibc owning
+#                   rseq (also mode, mode-glibc and needs-rseq): the
+#                   structures' documented behaviour without the RSEQ fence;
+#                   lanes that take rseq away or impose another mode leave
+#                   these out by those labels
 #   foreign-rseq    another library registers rseq first: the test sets up
 #                   its mode itself, so lanes that impose one leave it out
 #   asm-shape       checks the instructions of optimised code, which
@@ -257,4 +269,18 @@ function(percpu_add_mode_tests)
     COMMAND ${_seccomp} ENOSYS $<TARGET_FILE:${_target}> ${M_ARGS} MODE fallback
     LABELS ${M_LABELS} TIMEOUT ${M_TIMEOUT} ENV PERCPU_EXPECT_OWNER=none
     PERCPU_EXPECT_SECTIONS=no_rseq)
+endfunction()
+
+function(percpu_add_no_membarrier_tests)
+  cmake_parse_arguments(N "" "TARGET;TIMEOUT" "ARGS;LABELS" ${ARGN})
+  _percpu_no_unparsed(percpu_add_no_membarrier_tests "${N_UNPARSED_ARGUMENTS}")
+  if(NOT PERCPU_HAVE_GLIBC_RSEQ)
+    return()
+  endif()
+  percpu_test_command(_seccomp seccomp_exec)
+  percpu_target(_target ${N_TARGET})
+  percpu_add_test(NAME ${N_TARGET}.no_membarrier
+    COMMAND ${_seccomp} --membarrier ENOSYS $<TARGET_FILE:${_target}> ${N_ARGS} MODE glibc
+    LABELS ${N_LABELS} no-membarrier TIMEOUT ${N_TIMEOUT}
+    ENV PERCPU_EXPECT_OWNER=glibc PERCPU_EXPECT_BACKEND=rseq PERCPU_EXPECT_SECTIONS=on)
 endfunction()

@@ -19,9 +19,9 @@ constexpr unsigned kAuditArch = AUDIT_ARCH_AARCH64;
 #error "deny_rseq knows x86-64 and aarch64"
 #endif
 
-}  // namespace
-
-bool deny_rseq(int error) noexcept {
+// The one filter builder: `number` (a native system call) fails with
+// `error`, everything else is allowed.
+bool deny_syscall(long number, int error) noexcept {
   // A system call from another ABI (say, 32-bit on x86-64) has other numbers,
   // so the filter only judges calls of the native architecture.
   sock_filter filter[] = {
@@ -29,7 +29,7 @@ bool deny_rseq(int error) noexcept {
       BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kAuditArch, 1, 0),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_rseq, 0, 1),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<unsigned>(number), 0, 1),
       BPF_STMT(BPF_RET | BPF_K,
                SECCOMP_RET_ERRNO | (static_cast<unsigned>(error) & SECCOMP_RET_DATA)),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
@@ -38,6 +38,12 @@ bool deny_rseq(int error) noexcept {
   return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
          prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
 }
+
+}  // namespace
+
+bool deny_rseq(int error) noexcept { return deny_syscall(SYS_rseq, error); }
+
+bool deny_membarrier(int error) noexcept { return deny_syscall(SYS_membarrier, error); }
 
 }  // namespace tools
 }  // namespace percpu
