@@ -39,27 +39,6 @@ std::int64_t read_rseq_word(const std::intptr_t* word) {
   return out;
 }
 
-// rseq_area_for_sections(), except that a thread already known to have no
-// rseq (internal::section_user::no_rseq, which cpu_slots.cpp sets and which
-// is set here too, once start-up is over) is answered without the call that
-// asks about its registration: that call was most of the cost of an add
-// without rseq.
-internal::rseq_area* area_unless_known_missing() noexcept {
-  using internal::section_user;
-  using internal::t_section_state;
-  const std::uint32_t limit =
-      __atomic_load_n(&internal::g_fast_path.section_limit, __ATOMIC_ACQUIRE);
-  internal::rseq_area* area = internal::serving_rseq_area();
-  const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
-  if (internal::within(id, limit)) return area;
-  if (t_section_state == section_user::no_rseq) return nullptr;
-  area = internal::registered_rseq_area();
-  if (area == nullptr && t_section_state == section_user::unmarked &&
-      internal::ensure_initialized()) {
-    t_section_state = section_user::no_rseq;
-  }
-  return area;
-}
 
 }  // namespace
 
@@ -102,7 +81,7 @@ void counter::add_slow(std::int64_t delta) noexcept {
     return;
   }
   const unsigned count = static_cast<unsigned>(max_cpus());
-  if (internal::rseq_area* area = area_unless_known_missing()) {
+  if (internal::rseq_area* area = internal::area_unless_known_missing()) {
     for (int tries = 0; tries < internal::kSectionTries; ++tries) {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
       if (static_cast<unsigned>(cpu) >= count) break;
