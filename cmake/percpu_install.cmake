@@ -121,7 +121,7 @@ set(CPACK_DEBIAN_PACKAGE_HOMEPAGE "https://github.com/percpu/percpu")
 # package needs no libpercpu.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 # The runtime package's shlibs file (and the ldconfig trigger) lets other
-# packages' dpkg-shlibdeps find it: ">=" since a later 0.1.x only adds.
+# packages' dpkg-shlibdeps find it: ">=" since a later 0.2.x only adds.
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 set(_percpu_deb_version "${PROJECT_VERSION}-${CPACK_DEBIAN_PACKAGE_RELEASE}")

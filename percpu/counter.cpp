@@ -5,10 +5,8 @@
 #include "percpu/internal/fallback.hpp"
 #include "percpu/internal/nocancel.hpp"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
@@ -19,7 +17,7 @@ static_assert(sizeof(std::intptr_t) == sizeof(std::int64_t) || !internal::kHaveR
 
 namespace {
 
-std::size_t block_bytes(int count) { return 64 * (static_cast<std::size_t>(count) + 1); }
+internal::stride_arena& arena() noexcept { return internal::stride_arena_for(16); }
 
 // Reads a word that rseq sections on another CPU write with plain stores.
 std::int64_t read_rseq_word(const std::intptr_t* word) {
@@ -41,58 +39,32 @@ std::int64_t read_rseq_word(const std::intptr_t* word) {
   return out;
 }
 
-// rseq_area_for_sections(), except that a thread already known to have no
-// rseq (internal::section_user::no_rseq, which cpu_slots.cpp sets and which
-// is set here too, once start-up is over) is answered without the call that
-// asks about its registration: that call was most of the cost of an add
-// without rseq.
-internal::rseq_area* area_unless_known_missing() noexcept {
-  using internal::section_user;
-  using internal::t_section_state;
-  const std::uint32_t limit =
-      __atomic_load_n(&internal::g_fast_path.section_limit, __ATOMIC_ACQUIRE);
-  internal::rseq_area* area = internal::serving_rseq_area();
-  const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
-  if (internal::within(id, limit)) return area;
-  if (t_section_state == section_user::no_rseq) return nullptr;
-  area = internal::registered_rseq_area();
-  if (area == nullptr && t_section_state == section_user::unmarked &&
-      internal::ensure_initialized()) {
-    t_section_state = section_user::no_rseq;
-  }
-  return area;
-}
 
 }  // namespace
 
 // Leaves the counter as a constant-initialised one would be, so a use after
 // destruction (a static destructor of another translation unit that still
-// counts) reads zero and maps fresh slots instead of touching the unmapped
-// block.
+// counts) reads zero and takes fresh slots instead of writing given-back
+// ones.
 counter::~counter() {
   slot_words* s = slots_.exchange(nullptr, std::memory_order_acq_rel);
   unmapped_.store(0, std::memory_order_relaxed);
-  if (s != nullptr) munmap(const_cast<block*>(block_of(s)), block_bytes(block_of(s)->count));
+  if (s != nullptr) arena().deallocate(s);
 }
 
-// mmap rather than new: async-signal-safe, and zero-filled. Racing first
-// adds each map a block; one installs it, the others unmap theirs. The block
-// has exactly max_cpus() slots: the hot path relies on that bound.
+// From the per-CPU memory: async-signal-safe (no malloc, no lock), and every
+// slot zero. Racing first adds each take slots; one installs them, the
+// others give theirs back. There are exactly max_cpus() slots: the hot path
+// relies on that bound.
 counter::slot_words* counter::allocate() noexcept {
-  const int count = max_cpus();
-  const int saved_errno = errno;
-  void* memory =
-      mmap(nullptr, block_bytes(count), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  errno = saved_errno;
-  if (memory == MAP_FAILED) return nullptr;
-  block* fresh = static_cast<block*>(memory);
-  fresh->count = count;
+  slot_words* fresh = static_cast<slot_words*>(arena().allocate());
+  if (fresh == nullptr) return nullptr;
   slot_words* expected = nullptr;
-  if (slots_.compare_exchange_strong(expected, fresh->slots(), std::memory_order_acq_rel,
+  if (slots_.compare_exchange_strong(expected, fresh, std::memory_order_acq_rel,
                                      std::memory_order_acquire)) {
-    return fresh->slots();
+    return fresh;
   }
-  munmap(memory, block_bytes(count));
+  arena().deallocate(fresh);
   return expected;
 }
 
@@ -108,13 +80,14 @@ void counter::add_slow(std::int64_t delta) noexcept {
     unmapped_.fetch_add(delta, std::memory_order_relaxed);
     return;
   }
-  const unsigned count = static_cast<unsigned>(block_of(s)->count);
-  if (internal::rseq_area* area = area_unless_known_missing()) {
+  const unsigned count = static_cast<unsigned>(max_cpus());
+  if (internal::rseq_area* area = internal::area_unless_known_missing()) {
     for (int tries = 0; tries < internal::kSectionTries; ++tries) {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
       if (static_cast<unsigned>(cpu) >= count) break;
-      if (internal::rseq_addv<index_kind::cpu_id>(area, &s[cpu].by_rseq,
-                                                  static_cast<std::intptr_t>(delta), cpu) == 0) {
+      std::intptr_t* word = &internal::stride_copy(s, static_cast<unsigned>(cpu))->by_rseq;
+      if (internal::rseq_addv<index_kind::cpu_id>(area, word, static_cast<std::intptr_t>(delta),
+                                                  cpu) == 0) {
         return;
       }
     }
@@ -124,15 +97,16 @@ void counter::add_slow(std::int64_t delta) noexcept {
   // asks the fallback unless that is a system call, which it makes only
   // every so many adds.
   const unsigned cpu = static_cast<unsigned>(internal::cpu_hint());
-  s[cpu < count ? cpu : cpu % count].by_atomic.fetch_add(delta, std::memory_order_relaxed);
+  internal::stride_copy(s, cpu < count ? cpu : cpu % count)
+      ->by_atomic.fetch_add(delta, std::memory_order_relaxed);
 }
 
 std::int64_t counter::load() const noexcept {
   std::int64_t sum = unmapped_.load(std::memory_order_relaxed);
   const slot_words* slots = slots_.load(std::memory_order_acquire);
-  const int count = slots != nullptr ? block_of(slots)->count : 0;
+  const int count = slots != nullptr ? max_cpus() : 0;
   for (int i = 0; i < count; ++i) {
-    const slot_words& s = slots[i];
+    const slot_words& s = *internal::stride_copy(slots, static_cast<unsigned>(i));
     sum += read_rseq_word(&s.by_rseq) + s.by_atomic.load(std::memory_order_relaxed);
   }
   return sum;
@@ -157,13 +131,10 @@ std::int64_t counter::slot(int cpu) const noexcept {
   }
   const slot_words* slots = slots_.load(std::memory_order_acquire);
   if (slots == nullptr) return 0;  // not mapped yet
-  const slot_words& s = slots[cpu];
+  const slot_words& s = *internal::stride_copy(slots, static_cast<unsigned>(cpu));
   return read_rseq_word(&s.by_rseq) + s.by_atomic.load(std::memory_order_relaxed);
 }
 
-int counter::slots() const noexcept {
-  const slot_words* slots = slots_.load(std::memory_order_acquire);
-  return slots != nullptr ? block_of(slots)->count : max_cpus();
-}
+int counter::slots() const noexcept { return max_cpus(); }
 
 }  // namespace percpu

@@ -11,7 +11,8 @@
 //
 // When not to use it
 //   When you need the total on every update (use std::atomic), when reads
-//   are as frequent as writes (load() walks max_cpus() cache lines), or for
+//   are as frequent as writes (load() reads max_cpus() slots, each in
+//   another CPU's memory), or for
 //   a value that must never be observed half-updated across slots, such as a
 //   gauge that goes up and down: see "What load() returns".
 //
@@ -48,9 +49,19 @@
 //   atomic word after a bounded number of tries: add() never spins forever.
 //
 // Memory
-//   One cache line per possible CPU (max_cpus()) plus one, mapped on the
-//   first add() with mmap (so the first add is async-signal-safe too). If
-//   that mapping fails, adds go to a single shared atomic and stay exact.
+//   16 bytes per CPU that adds to it, plus the counter itself (16 bytes):
+//   the first add() takes the counter's per-CPU words from percpu's per-CPU
+//   memory (internal/stride_arena.hpp), where CPU c's words of every counter
+//   sit together in CPU c's region and no two CPUs' words share a cache
+//   line; a page of a CPU's region fills only when that CPU first adds to
+//   one of the counters on it (load() and the destructor only read the
+//   other CPUs' words, which a stock kernel answers with its shared zero
+//   page; a kernel without one, as some VM platforms run, fills a page
+//   there too). 100,000 counters used on 2 CPUs take about 3 MB, where a
+//   page each would take 400 MB. The memory is mapped without malloc and
+//   without a lock, so the first add is async-signal-safe too; the
+//   destructor gives the words back for reuse. If no memory can be mapped,
+//   adds go to a single shared atomic and stay exact.
 //
 // Thread safety and signals
 //   add(), increment() and decrement(): thread-safe, async-signal-safe and
@@ -62,8 +73,9 @@
 //   and usable from static constructors. Destroying a counter while another
 //   thread still adds to it is undefined, as for any object. The destructor
 //   returns the counter to its constant-initialised state, so a late use
-//   from another static destructor reads zero, and a late add() maps fresh
-//   slots (never freed) instead of writing unmapped memory.
+//   from another static destructor reads zero, and a late add() takes fresh
+//   words (never given back) instead of writing freed ones.
+//   No member changes errno, even when the slots cannot be mapped.
 //   No member is a cancellation point. An add() that a signal handler leaves
 //   with siglongjmp (or pthread_exit) either counted or did not: it is one
 //   committing store or one atomic add, and holds nothing.
@@ -77,6 +89,7 @@
 
 #include "percpu/cpu.hpp"
 #include "percpu/internal/rseq_cs.hpp"
+#include "percpu/internal/stride_arena.hpp"
 
 #pragma GCC visibility push(default)  // exported (see percpu/cpu.hpp)
 namespace percpu {
@@ -93,7 +106,8 @@ class counter {
   void increment() noexcept { add(1); }
   void decrement() noexcept { add(-1); }
 
-  // The sum over all slots.
+  // The sum over all slots, plus the adds made while no memory could be
+  // mapped for them (see Memory), which no slot holds.
   std::int64_t load() const noexcept;
 
   // The part of the sum held by slot `cpu` (what adds made while running on
@@ -105,34 +119,24 @@ class counter {
   int slots() const noexcept;
 
  private:
-  // One per CPU, each on its own cache line. `by_rseq` is written only by
-  // rseq sections running on this slot's CPU; `by_atomic` only by atomic
-  // read-modify-writes.
-  struct alignas(64) slot_words {
+  // One per CPU, CPU c's at internal::stride_copy(slots_, c): in CPU c's
+  // region of the per-CPU memory, beside the words of other counters that
+  // CPU writes. `by_rseq` is written only by rseq sections running on this
+  // slot's CPU; `by_atomic` only by atomic read-modify-writes.
+  struct slot_words {
     std::intptr_t by_rseq;
     std::atomic<std::int64_t> by_atomic;
   };
-  // The mapped block: a header line, then the slots.
-  struct alignas(64) block {
-    int count;
-    slot_words* slots() noexcept { return reinterpret_cast<slot_words*>(this + 1); }
-    const slot_words* slots() const noexcept {
-      return reinterpret_cast<const slot_words*>(this + 1);
-    }
-  };
-  static_assert(sizeof(slot_words) == 64 && sizeof(block) == 64, "one cache line each");
-  static const block* block_of(const slot_words* slots) noexcept {
-    return reinterpret_cast<const block*>(slots) - 1;
-  }
+  static_assert(sizeof(slot_words) == 16, "one arena object of 16 bytes");
 
   PERCPU_LOCAL slot_words* allocate() noexcept;
   void add_slow(std::int64_t delta) noexcept;
 
-  // The first slot of the mapped block, or nullptr until the first add()
-  // maps it. The block always has max_cpus() slots, so the hot path bounds
-  // the CPU with the process-wide g_fast_path.section_limit (max_cpus(); 0
-  // before start-up and where sections are off) instead of loading a count
-  // through this pointer: the pointer and the bound are independent loads.
+  // CPU 0's slot, or nullptr until the first add() takes the slots. There
+  // are always max_cpus() slots, so the hot path bounds the CPU with the
+  // process-wide g_fast_path.section_limit (max_cpus(); 0 before start-up
+  // and where sections are off): the pointer and the bound are independent
+  // loads.
   // The bound is read first with acquire order and start-up writes it last,
   // so an accepted CPU comes with the area offset start-up wrote.
   std::atomic<slot_words*> slots_{nullptr};
@@ -147,9 +151,9 @@ class counter {
 // add_slow(), as does the first add(). The fall-through is the section, so
 // the common case runs straight down with no taken branch.
 //
-// slots_ is loaded relaxed: the hot path reads nothing the mapping thread
-// wrote (the slots are zero-filled by mmap, and `count` is not read here),
-// and the slot address depends on the loaded pointer.
+// slots_ is loaded relaxed: the hot path reads nothing the allocating thread
+// wrote (the slots are zero when handed out), and the slot address depends
+// on the loaded pointer.
 inline void counter::add(std::int64_t delta) noexcept {
   using internal::index_kind;
   // The bound first, with acquire order (see rseq_area_for_sections): 0
@@ -161,7 +165,7 @@ inline void counter::add(std::int64_t delta) noexcept {
   const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
   if (__builtin_expect(internal::within(cpu, limit), 1) && __builtin_expect(s != nullptr, 1)) {
     // Unsigned: the index is below the bound, so the zero extension is free.
-    std::intptr_t* word = &s[static_cast<unsigned>(cpu)].by_rseq;
+    std::intptr_t* word = &internal::stride_copy(s, static_cast<unsigned>(cpu))->by_rseq;
     if (__builtin_expect(internal::rseq_addv<index_kind::cpu_id>(
                              area, word, static_cast<std::intptr_t>(delta), cpu) == 0,
                          1)) {

@@ -1,6 +1,7 @@
 // Tests for percpu::counter: the API, and exact sums with 12 threads on 2
 // CPUs under oversubscription, affinity flipping, timer signals whose
-// handlers add too, fork during heavy use, and thread churn. The mode
+// handlers add too, fork during heavy use, and thread churn; nothing mapped
+// before the first add(), and first adds made in signal handlers. The mode
 // variants (.glibc, .own, .fallback) run all of it on each path.
 
 #include "percpu/counter.hpp"
@@ -8,20 +9,29 @@
 #include <gtest/gtest.h>
 #include <linux/audit.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <new>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "percpu/cpu.hpp"
 #include "tests/stress/stress.hpp"
+#include "tests/support/pages.hpp"
 #include "tools/seccomp_deny_rseq.hpp"
 
 namespace percpu {
@@ -134,6 +144,211 @@ TEST(CounterDeathTest, OutOfRangeSlotAbortsInDebugBuilds) {
   EXPECT_EQ(c.load(), 3);
 }
 #endif
+
+// ---- memory: mapped on the first add(), which may run in a handler -------------
+
+// Where a counter's slots are mapped (nullptr until the first add()), read
+// without a seam in the library: an explicit instantiation may name a
+// private member ([temp.spec.general]), and the friend it defines hands the
+// pointer out.
+const void* mapped_slots(const counter& c);
+template <auto Slots>
+struct expose_counter_slots {
+  friend const void* mapped_slots(const counter& c) {
+    return (c.*Slots).load(std::memory_order_acquire);
+  }
+};
+template struct expose_counter_slots<&counter::slots_>;
+
+// C12: construction and every reader leave the counter unmapped; the first
+// add() maps it.
+TEST(CounterTest, NothingIsMappedBeforeTheFirstAdd) {
+  counter c;
+  EXPECT_EQ(mapped_slots(c), nullptr) << "construction mapped the slots";
+  EXPECT_EQ(c.load(), 0);
+  EXPECT_EQ(c.slots(), max_cpus());
+  for (int i = 0; i < c.slots(); ++i) EXPECT_EQ(c.slot(i), 0);
+  EXPECT_EQ(c.load(), 0);
+  EXPECT_EQ(mapped_slots(c), nullptr) << "load(), slot() or slots() mapped the slots";
+  c.add(3);
+  EXPECT_NE(mapped_slots(c), nullptr) << "the first add() must map the slots";
+  EXPECT_EQ(c.load(), 3);
+}
+
+// Memory per instance: 100,000 counters, each added to once, take 16 bytes
+// per CPU the adds ran on (internal/stride_arena.hpp), not a page each.
+// Counted with mincore over every CPU's copies before anything reads them
+// (a read would map the zero page, which costs nothing but shows present).
+TEST(CounterTest, AHundredThousandCountersTakeBytesEach) {
+  constexpr long kCounters = 100000;
+  std::unique_ptr<counter[]> counters(new counter[kCounters]);
+  for (long i = 0; i < kCounters; ++i) counters[i].add(1);
+  const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::set<std::uintptr_t> cpu0_pages;
+  for (long i = 0; i < kCounters; ++i) {
+    cpu0_pages.insert(reinterpret_cast<std::uintptr_t>(mapped_slots(counters[i])) & ~(page - 1));
+  }
+  long present = 0;
+  for (std::uintptr_t p : cpu0_pages) {
+    for (int cpu = 0; cpu < max_cpus(); ++cpu) {
+      const long pages = test::present_pages(
+          internal::stride_copy(reinterpret_cast<char*>(p), static_cast<unsigned>(cpu)), page);
+      ASSERT_GE(pages, 0);
+      present += pages;
+    }
+  }
+  const double per_counter = static_cast<double>(present * page) / kCounters;
+  std::printf("%ld counters, each added to once: %.1f bytes of per-CPU memory each "
+              "(%ld pages), plus %zu bytes of the counter itself; %d possible CPUs\n",
+              kCounters, per_counter, present, sizeof(counter), max_cpus());
+  EXPECT_LE(per_counter, 16.0 * max_cpus() + 8) << "more than 16 bytes per CPU per counter";
+  std::int64_t total = 0;
+  for (long i = 0; i < kCounters; ++i) total += counters[i].load();
+  EXPECT_EQ(total, kCounters);
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizerShadow = true;
+#else
+constexpr bool kSanitizerShadow = false;
+#endif
+
+// "If no memory can be mapped, adds go to a single shared atomic and stay
+// exact": in a child whose address space is limited to what it has mapped,
+// counters are added to until one finds no memory for its slots; that one
+// still counts exactly, in load() and in no slot(), and no member changed
+// errno.
+TEST(CounterTest, AddsStayExactWhenNoMemoryCanBeMapped) {
+  if (kSanitizerShadow || std::getenv("PERCPU_UNDER_VALGRIND") != nullptr) {
+    GTEST_SKIP() << "the sanitizer's or valgrind's own mappings fill the address space a "
+                    "limit would restrict; the default and clang lanes run this";
+  }
+  // More than the arena can hold without a new chunk: a chunk of the 16-byte
+  // class and the objects earlier tests gave back (100,000 of them).
+  constexpr int kCounters = 262144;
+  std::unique_ptr<counter[]> counters(new counter[kCounters]);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    long pages = 0;
+    if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+      std::fclose(f);
+    }
+    rlimit limit{};
+    getrlimit(RLIMIT_AS, &limit);
+    limit.rlim_cur = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE));
+    if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(2);
+    // qemu-user accepts the limit and ignores it: a mapping beyond it tells.
+    void* probe = mmap(nullptr, std::size_t{1} << 30, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (probe != MAP_FAILED) _exit(9);
+    errno = 4321;
+    int first_unmapped = -1;
+    for (int i = 0; i < kCounters && first_unmapped < 0; ++i) {
+      counters[i].add(1);
+      if (mapped_slots(counters[i]) == nullptr) first_unmapped = i;
+    }
+    if (first_unmapped < 0) _exit(3);
+    counter& c = counters[first_unmapped];
+    for (int i = 0; i < 1000; ++i) c.add(i % 2 == 0 ? 3 : -1);
+    c.increment();
+    if (c.load() != 1 + 500 * 3 - 500 + 1) _exit(4);
+    std::int64_t by_slots = 0;
+    for (int i = 0; i < c.slots(); ++i) by_slots += c.slot(i);
+    if (by_slots != 0) _exit(5);  // no slot: the shared atomic holds them
+    if (mapped_slots(c) != nullptr) _exit(6);
+    if (errno != 4321) _exit(7);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
+  if (WEXITSTATUS(status) == 9) GTEST_SKIP() << "RLIMIT_AS is not enforced here (qemu-user)";
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "2: setrlimit failed, 3: every counter found memory, 4: load() inexact, "
+         "5: a slot holds adds made without memory, 6: slots mapped later, 7: errno changed";
+}
+
+constexpr int kFirstAddSignal = SIGUSR1;
+std::atomic<counter*> g_first_add_counter{nullptr};
+std::atomic<long> g_first_add_handler_adds{0};
+std::atomic<long> g_first_adds_raced{0};  // handlers that found the counter unmapped
+std::atomic<bool> g_first_add_running{false};
+
+void add_first_in_handler(int) {
+  const int saved_errno = errno;
+  if (counter* c = g_first_add_counter.load(std::memory_order_relaxed)) {
+    if (g_first_add_running.load(std::memory_order_relaxed) && mapped_slots(*c) == nullptr) {
+      g_first_adds_raced.fetch_add(1, std::memory_order_relaxed);
+    }
+    c->add(1);
+    g_first_add_handler_adds.fetch_add(1, std::memory_order_relaxed);
+  }
+  errno = saved_errno;
+}
+
+// C13: a fresh counter's first add() (its mmap) made by a signal handler,
+// and first adds interrupted by handlers whose add() is the counter's first
+// too (the timer's signals pend across the mmap and arrive as it returns,
+// before the block is installed). Every add counts, exactly.
+TEST(CounterTest, FirstAddInASignalHandler) {
+  stress::install_handler(kFirstAddSignal, add_first_in_handler);
+  {
+    counter c;
+    g_first_add_handler_adds.store(0);
+    g_first_add_counter.store(&c);
+    raise(kFirstAddSignal);
+    g_first_add_counter.store(nullptr);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    EXPECT_EQ(g_first_add_handler_adds.load(), 1);
+    EXPECT_NE(mapped_slots(c), nullptr) << "the handler's first add() must map the slots";
+    EXPECT_EQ(c.load(), 1);
+    c.add(2);
+    EXPECT_EQ(c.load(), 3);
+  }
+  g_first_adds_raced.store(0);
+  long rounds = 0, handled = 0, wrong = 0;
+  {
+    alignas(counter) unsigned char storage[sizeof(counter)];
+    stress::thread_signal_timer timer(kFirstAddSignal, 20000);
+    ASSERT_TRUE(timer.armed());
+    const auto start = std::chrono::steady_clock::now();
+    const auto until = start + stress::scaled(std::chrono::milliseconds(400));
+    // Longer only if no signal came at all (valgrind delivers them seldom).
+    const auto limit = start + stress::scaled(std::chrono::milliseconds(5000));
+    for (auto now = start; (now < until || (handled == 0 && now < limit)) && rounds < 200000;
+         now = std::chrono::steady_clock::now()) {
+      counter* c = new (storage) counter;
+      g_first_add_handler_adds.store(0, std::memory_order_relaxed);
+      g_first_add_counter.store(c, std::memory_order_relaxed);
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+      g_first_add_running.store(true, std::memory_order_relaxed);
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+      c->add(1000);
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+      g_first_add_running.store(false, std::memory_order_relaxed);
+      g_first_add_counter.store(nullptr, std::memory_order_relaxed);
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+      const long by_handlers = g_first_add_handler_adds.load(std::memory_order_relaxed);
+      handled += by_handlers;
+      if (c->load() != 1000 + by_handlers) {
+        if (wrong++ < 5) {
+          ADD_FAILURE() << "round " << rounds << ": load() " << c->load() << ", expected "
+                        << 1000 + by_handlers;
+        }
+      }
+      c->~counter();
+      ++rounds;
+    }
+  }
+  // The handler stays installed: a signal may still arrive after the timer
+  // is gone, and it finds no counter then.
+  std::printf("%ld fresh counters, %ld handler adds, %ld of them first adds interrupting one\n",
+              rounds, handled, g_first_adds_raced.load());
+  EXPECT_EQ(wrong, 0) << "adds lost or doubled around a first add()";
+  EXPECT_GT(handled, 0) << "no timer signal arrived";
+}
 
 // ---- stress ------------------------------------------------------------------
 
@@ -360,6 +575,132 @@ TEST(CounterStressTest, GaugeReadsStayWithinTheDocumentedBounds) {
   EXPECT_EQ(violations, 0);
   EXPECT_EQ(c.load(), 0) << "exact once the workers are joined";
   EXPECT_EQ(ups.load(), downs.load());
+}
+
+// ---- C18: load(), slot() and slots() from a signal handler ----------------
+
+constexpr int kReadSignal = SIGPROF;
+std::atomic<const counter*> g_read_counter{nullptr};
+// Phase 1 (adders running, every delta +1): the handler's readings must lie
+// within [g_read_low, what has been added by then]; g_read_added_bound is
+// an upper bound the adders raise before each add. Phase 2 (adders joined):
+// g_read_exact >= 0 and every reading must equal it.
+std::atomic<long> g_read_added_bound{0};
+std::atomic<long> g_read_exact{-1};
+std::atomic<long> g_read_handled{0};
+std::atomic<long> g_read_bad{0};
+std::atomic<long> g_read_first_bad_value{0};
+
+// Reads `c` every way: load(), the sum of slot(i), slots(). Returns false if
+// a reading is below `low` or above `high` (an exact total when given, else
+// the adders' announced bound, read after the readings), or the two sums
+// disagree when exact.
+bool read_within(const counter& c, long low, long exact) {
+  if (c.slots() != max_cpus()) return false;
+  const std::int64_t loaded = c.load();
+  std::int64_t sum = 0;
+  for (int i = 0; i < c.slots(); ++i) sum += c.slot(i);
+  const long high = exact >= 0 ? exact : g_read_added_bound.load(std::memory_order_seq_cst);
+  if (loaded < low || loaded > high || sum < low || sum > high) {
+    g_read_first_bad_value.store(loaded < low || loaded > high ? loaded : sum,
+                                 std::memory_order_relaxed);
+    return false;
+  }
+  return exact < 0 || loaded == sum;
+}
+
+void read_in_handler(int) {
+  const int saved_errno = errno;
+  if (const counter* c = g_read_counter.load(std::memory_order_relaxed)) {
+    const long exact = g_read_exact.load(std::memory_order_relaxed);
+    // Every add is +1, so a reading is at least 0 and at most what the
+    // adders had announced by the time it returned.
+    if (!read_within(*c, exact >= 0 ? exact : 0, exact)) {
+      g_read_bad.fetch_add(1, std::memory_order_relaxed);
+    }
+    g_read_handled.fetch_add(1, std::memory_order_relaxed);
+  }
+  errno = saved_errno;
+}
+
+// C18: a timer handler calls load(), slot() and slots() on the thread that
+// is itself inside those calls, while other threads add +1 (readings lie
+// between 0 and what was added; the handler's and the interrupted ones), and
+// then once the adders are joined (every reading, interrupted or not, is the
+// exact total).
+TEST(CounterTest, ReadsFromASignalHandlerInterruptingReads) {
+  counter c;
+  c.add(0);  // map the slots
+  g_read_added_bound.store(0);
+  g_read_exact.store(-1);
+  g_read_handled.store(0);
+  g_read_bad.store(0);
+  stress::install_handler(kReadSignal, read_in_handler);
+  g_read_counter.store(&c);
+  long interrupted_bad = 0, reads = 0;
+  long total = 0;
+  {
+    std::atomic<long> added{0};
+    {
+      stress::worker_group adders(2, [&](int, const stress::stop_flag& stop) {
+        long mine = 0;
+        while (!stop) {
+          for (int i = 0; i < 16; ++i) {
+            g_read_added_bound.fetch_add(1, std::memory_order_seq_cst);
+            c.increment();
+          }
+          mine += 16;
+        }
+        added.fetch_add(mine);
+      });
+      stress::thread_signal_timer timer(kReadSignal, 20000);
+      ASSERT_TRUE(timer.armed());
+      const auto start = std::chrono::steady_clock::now();
+      const auto until = start + stress::scaled(std::chrono::milliseconds(300));
+      const auto limit = start + stress::scaled(std::chrono::milliseconds(5000));
+      for (auto now = start;
+           now < until || (g_read_handled.load(std::memory_order_relaxed) == 0 && now < limit);
+           now = std::chrono::steady_clock::now()) {
+        for (int i = 0; i < 64; ++i, ++reads) {
+          if (!read_within(c, 0, -1)) {
+            ++interrupted_bad;
+          }
+        }
+      }
+      adders.stop_and_join();
+    }
+    total = added.load();
+    EXPECT_EQ(c.load(), total);
+    const long handled_while_adding = g_read_handled.load();
+    std::printf("phase 1: %ld reads, %ld handler reads while adding\n", reads, handled_while_adding);
+    EXPECT_GT(handled_while_adding, 0) << "no timer signal arrived";
+
+    // Phase 2: the adders are done; every reading must be exact.
+    g_read_exact.store(total);
+    stress::thread_signal_timer timer(kReadSignal, 20000);
+    ASSERT_TRUE(timer.armed());
+    const auto start = std::chrono::steady_clock::now();
+    const auto until = start + stress::scaled(std::chrono::milliseconds(200));
+    const auto limit = start + stress::scaled(std::chrono::milliseconds(5000));
+    for (auto now = start;
+         now < until || (g_read_handled.load(std::memory_order_relaxed) == handled_while_adding &&
+                         now < limit);
+         now = std::chrono::steady_clock::now()) {
+      for (int i = 0; i < 64; ++i, ++reads) {
+        if (!read_within(c, total, total)) ++interrupted_bad;
+      }
+    }
+    std::printf("phase 2: %ld handler reads in all\n", g_read_handled.load());
+    EXPECT_GT(g_read_handled.load(), handled_while_adding) << "no timer signal arrived";
+  }
+  // The handler stays installed (a late signal finds no counter).
+  g_read_counter.store(nullptr);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  EXPECT_EQ(g_read_bad.load(), 0) << "a handler's reading was wrong, e.g. "
+                                  << g_read_first_bad_value.load();
+  EXPECT_EQ(interrupted_bad, 0) << "an interrupted reading was wrong, e.g. "
+                                << g_read_first_bad_value.load();
+  EXPECT_EQ(c.load(), total);
 }
 
 // The parent's workers keep adding while the main thread forks; the child

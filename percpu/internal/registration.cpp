@@ -737,6 +737,19 @@ rseq_area* registered_rseq_area() noexcept {
   return decide_sections_for_this_thread(&why);
 }
 
+rseq_area* area_unless_known_missing() noexcept {
+  const std::uint32_t limit = __atomic_load_n(&g_fast_path.section_limit, __ATOMIC_ACQUIRE);
+  rseq_area* area = serving_rseq_area();
+  const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
+  if (within(id, limit)) return area;
+  if (t_section_state == section_user::no_rseq) return nullptr;
+  area = registered_rseq_area();
+  if (area == nullptr && t_section_state == section_user::unmarked && ensure_initialized()) {
+    t_section_state = section_user::no_rseq;
+  }
+  return area;
+}
+
 bool rseq_sections_enabled() noexcept {
   return ensure_initialized() && g_state.sections_decision == sections::on;
 }

@@ -106,6 +106,13 @@ inline rseq_area* serving_rseq_area() noexcept {
 enum class section_user : int { unmarked = 0, marked = 1, forced_locked = 2, no_rseq = 3 };
 extern __thread section_user t_section_state PERCPU_STATIC_TLS;
 
+// rseq_area_for_sections(), except that a thread already known to have no
+// rseq (section_user::no_rseq, which cpu_slots.cpp sets and which this sets
+// too, once start-up is over) is answered without the call that asks about
+// its registration: that call was most of the cost of an update without
+// rseq. For the slow paths of counter and per_cpu.
+rseq_area* area_unless_known_missing() noexcept;
+
 // Test seam: serve every thread from `backend` from now on. For rseq this
 // restores the natural registration; for a fallback, the fast path is sent to
 // a never-registered area. Returns false (and changes nothing) when

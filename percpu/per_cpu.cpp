@@ -1,0 +1,155 @@
+// The out-of-line half of percpu::per_cpu<T> (per_cpu.hpp), one for every T.
+
+#include "percpu/per_cpu.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "percpu/internal/nocancel.hpp"
+#include "percpu/internal/fallback.hpp"
+#include "percpu/internal/registration.hpp"
+
+namespace percpu {
+namespace internal {
+namespace {
+
+std::intptr_t* field_word(void* copy, std::size_t offset) noexcept {
+  return reinterpret_cast<std::intptr_t*>(static_cast<char*>(copy) + offset);
+}
+
+// One set of copies, taken from the per-CPU memory when an update first
+// needs it. Racing first updates each take copies; one installs its own,
+// the others give theirs back. nullptr while start-up cannot run (a handler
+// interrupted it) and when no memory can be mapped: the update then goes to
+// the shared copy.
+void* set_or_allocate(std::atomic<void*>* set, std::size_t bytes) noexcept {
+  void* current = set->load(std::memory_order_acquire);
+  if (current != nullptr || !ensure_initialized()) return current;
+  void* fresh = stride_arena_for(bytes).allocate();
+  if (fresh == nullptr) return nullptr;
+  if (set->compare_exchange_strong(current, fresh, std::memory_order_acq_rel,
+                                   std::memory_order_acquire)) {
+    return fresh;
+  }
+  stride_arena_for(bytes).deallocate(fresh);
+  return current;
+}
+
+// The word of `offset` in copy `cpu` of `base`.
+std::intptr_t* word_in(void* base, unsigned cpu, std::size_t offset) noexcept {
+  return field_word(stride_copy(static_cast<char*>(base), cpu), offset);
+}
+
+// Where an update without a section goes: the atomic copy of the CPU the
+// thread runs on (internal::cpu_hint(): a stale answer costs locality, not
+// correctness, as only atomics write these copies), or the shared copy when
+// no memory can be mapped for them.
+std::intptr_t* word_without_section(per_cpu_storage* storage, std::size_t bytes,
+                                    std::intptr_t* shared, std::size_t offset) noexcept {
+  if (void* base = set_or_allocate(&storage->atomic_copies, bytes)) {
+    const unsigned count = static_cast<unsigned>(max_cpus());
+    const unsigned cpu = static_cast<unsigned>(cpu_hint());
+    return word_in(base, cpu < count ? cpu : cpu % count, offset);
+  }
+  return reinterpret_cast<std::intptr_t*>(reinterpret_cast<char*>(shared) + offset);
+}
+
+}  // namespace
+
+void per_cpu_add_slow(per_cpu_storage* storage, std::size_t bytes, std::intptr_t* shared,
+                      std::size_t offset, std::intptr_t delta) noexcept {
+  // The section set only for a thread that runs sections: a process
+  // without rseq never takes it.
+  rseq_area* area = area_unless_known_missing();
+  if (void* base = area != nullptr ? set_or_allocate(&storage->copies, bytes) : nullptr) {
+    const unsigned count = static_cast<unsigned>(max_cpus());
+    for (int tries = 0; tries < kSectionTries; ++tries) {
+      const int cpu = rseq_current_index<index_kind::cpu_id>(area);
+      if (static_cast<unsigned>(cpu) >= count) break;
+      if (rseq_addv<index_kind::cpu_id>(area, word_in(base, static_cast<unsigned>(cpu), offset),
+                                        delta, cpu) == 0) {
+        return;
+      }
+    }
+  }
+  __atomic_fetch_add(word_without_section(storage, bytes, shared, offset), delta,
+                     __ATOMIC_RELAXED);
+}
+
+bool per_cpu_compare_and_store(per_cpu_storage* storage, std::size_t bytes,
+                               std::intptr_t* shared, std::size_t offset,
+                               std::intptr_t expected, std::intptr_t desired) noexcept {
+  rseq_area* area = area_unless_known_missing();
+  if (void* base = area != nullptr ? set_or_allocate(&storage->copies, bytes) : nullptr) {
+    const unsigned count = static_cast<unsigned>(max_cpus());
+    for (int tries = 0; tries < kSectionTries; ++tries) {
+      const int cpu = rseq_current_index<index_kind::cpu_id>(area);
+      if (static_cast<unsigned>(cpu) >= count) break;
+      const int r = rseq_cmpeqv_storev<index_kind::cpu_id>(
+          area, word_in(base, static_cast<unsigned>(cpu), offset), expected, desired, cpu);
+      if (r == 0) return true;
+      if (r == 1) return false;
+    }
+  }
+  return __atomic_compare_exchange_n(word_without_section(storage, bytes, shared, offset),
+                                     &expected, desired, false, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED);
+}
+
+// The word this thread's updates go to now: its CPU's copy when it runs
+// sections, else word_without_section().
+std::intptr_t per_cpu_load(per_cpu_storage* storage, std::size_t bytes, std::intptr_t* shared,
+                           std::size_t offset) noexcept {
+  void* base = storage->copies.load(std::memory_order_acquire);
+  if (base != nullptr) {
+    if (rseq_area* area = area_unless_known_missing()) {
+      const unsigned cpu = static_cast<unsigned>(rseq_current_index<index_kind::cpu_id>(area));
+      if (cpu < static_cast<unsigned>(max_cpus())) {
+        return __atomic_load_n(word_in(base, cpu, offset), __ATOMIC_RELAXED);
+      }
+    }
+  }
+  return __atomic_load_n(word_without_section(storage, bytes, shared, offset), __ATOMIC_RELAXED);
+}
+
+// Leaves the object as a constant-initialised one would be, so a late use
+// from another static destructor reads zero and takes fresh copies.
+void per_cpu_release(per_cpu_storage* storage, std::size_t bytes, std::intptr_t* shared,
+                     std::size_t shared_words) noexcept {
+  void* copies = storage->copies.exchange(nullptr, std::memory_order_acq_rel);
+  void* atomic_copies = storage->atomic_copies.exchange(nullptr, std::memory_order_acq_rel);
+  for (std::size_t i = 0; i < shared_words; ++i) __atomic_store_n(&shared[i], 0, __ATOMIC_RELAXED);
+  if (copies != nullptr) stride_arena_for(bytes).deallocate(copies);
+  if (atomic_copies != nullptr) stride_arena_for(bytes).deallocate(atomic_copies);
+}
+
+void per_cpu_index_out_of_range(int cpu, int count) noexcept {
+  char line[128] = "percpu::per_cpu<T>::copy(";
+  std::size_t n = 0;
+  while (line[n] != '\0') ++n;
+  auto put_int = [&](int value) {
+    char digits[12];
+    int d = 0;
+    unsigned magnitude =
+        value < 0 ? 0u - static_cast<unsigned>(value) : static_cast<unsigned>(value);
+    do {
+      digits[d++] = static_cast<char>('0' + magnitude % 10);
+      magnitude /= 10;
+    } while (magnitude != 0);
+    if (value < 0) line[n++] = '-';
+    while (d > 0) line[n++] = digits[--d];
+  };
+  auto put = [&](const char* text) {
+    while (*text != '\0') line[n++] = *text++;
+  };
+  put_int(cpu);
+  put("): cpu out of range [0, ");
+  put_int(count);
+  put(")\n");
+  nocancel_write(STDERR_FILENO, line, n);
+  std::abort();
+}
+
+}  // namespace internal
+}  // namespace percpu

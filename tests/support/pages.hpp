@@ -1,0 +1,50 @@
+// Test helpers: how much of a range of memory has pages behind it, and how
+// much anonymous memory the process has (also percpu-bench's memory table).
+#pragma once
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <cstdint>
+#include <vector>
+
+namespace percpu {
+namespace test {
+
+// Pages with a page table entry in [begin, begin + bytes) (mincore), or -1
+// when part of the range is not mapped. A read of untouched anonymous memory
+// maps the zero page on a stock kernel, which counts here too: measure
+// before anything reads.
+inline long present_pages(const void* begin, std::size_t bytes) {
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const auto from = reinterpret_cast<std::uintptr_t>(begin) & ~(page - 1);
+  const std::size_t pages =
+      (reinterpret_cast<std::uintptr_t>(begin) + bytes - from + page - 1) / page;
+  std::vector<unsigned char> vec(pages);
+  if (mincore(reinterpret_cast<void*>(from), pages * page, vec.data()) != 0) return -1;
+  long present = 0;
+  for (unsigned char v : vec) present += v & 1;
+  return present;
+}
+
+// The process's resident anonymous memory (heap, mappings, stacks; not the
+// pages of its binaries, which running new code adds) in bytes, counted
+// exactly: /proc/self/smaps_rollup walks the page tables, while
+// /proc/self/statm reads counters the kernel updates in batches (off by up
+// to a few hundred KiB). -1 if the file cannot be read (before Linux 4.14).
+inline long resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  long kib = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "Anonymous: %ld kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib < 0 ? -1 : kib * 1024;
+}
+
+}  // namespace test
+}  // namespace percpu
