@@ -162,10 +162,26 @@ struct structure_row {
   structure_mode without_rseq;  // in a child whose rseq(2) fails with ENOSYS
 };
 
+// --structures' memory table: bytes of resident memory per instance, each
+// figure from a fresh run of this binary that makes `instances` objects,
+// uses each once and keeps them (percpu_bench_memory.cpp). Negative: not
+// measured (the reason says why).
+struct memory_row {
+  const char* name;               // JSON key
+  const char* label;              // percpu's structure, as printed
+  const char* alternative_label;  // what a user would pick instead
+  long instances = 0;
+  double with_rseq = -1;     // percpu's structure, in a process with rseq
+  double without_rseq = -1;  // ... in one whose rseq(2) fails with ENOSYS
+  double alternative = -1;
+  std::string reason;  // why a figure is missing
+};
+
 struct run_result {
   options opts;
   environment env;
   std::vector<structure_row> structures;  // with --structures
+  std::vector<memory_row> memory;         // with --structures
   std::vector<measurement> rows;          // selected rows, in printed order
   std::vector<disassembly> listings;
   double wall_seconds = 0;
@@ -225,6 +241,14 @@ double on_cpu_share();
 std::vector<disassembly> disassemble_fast_paths();
 // The hidden child mode: measures one row and prints its figures on stdout.
 int run_child(const options& opts);
+
+// percpu_bench_memory.cpp
+// Child rows: "memory:NAME:SIDE" (SIDE percpu or alternative) measures one
+// figure here; "memory-without-rseq:NAME:percpu" re-runs this binary under a
+// seccomp filter that fails rseq(2) first.
+constexpr const char* kMemoryChildPrefix = "memory";
+std::vector<memory_row> measure_memory(const options& opts);
+int run_memory_child(const options& opts);
 
 // percpu_bench_structures.cpp
 constexpr const char* kStructuresChild = "structures";

@@ -119,6 +119,9 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (opts.child_row.rfind(percpu::bench::kMemoryChildPrefix, 0) == 0) {
+    return percpu::bench::run_memory_child(opts);
+  }
   if (opts.child_row == percpu::bench::kStructuresChild ||
       opts.child_row == percpu::bench::kStructuresDenyChild) {
     return percpu::bench::run_structures_child(opts);
@@ -131,6 +134,7 @@ int main(int argc, char** argv) {
   run.env = percpu::bench::gather_environment();
   if (opts.structures) {
     run.structures = percpu::bench::measure_structures(opts);
+    run.memory = percpu::bench::measure_memory(opts);
   } else {
     run.rows = percpu::bench::measure(opts);
     run.listings = percpu::bench::disassemble_fast_paths();

@@ -413,6 +413,24 @@ void print_structures(const run_result& run, std::FILE* out) {
   }
 }
 
+std::string bytes_cell(double bytes) { return bytes < 0 ? "n/a" : printf_string("%.1f", bytes); }
+
+void print_memory(const run_result& run, std::FILE* out) {
+  if (run.memory.empty()) return;
+  std::fprintf(out,
+               "\n3. Memory per instance: bytes of resident memory each, for N instances made "
+               "and each used once\n   (a fresh process per figure; the objects, their "
+               "per-CPU and per-thread memory, their mappings and heap)\n\n");
+  std::fprintf(out, "%-38s %7s %11s %13s   %-42s %s\n", "", "N", "with rseq", "without rseq",
+               "alternative", "bytes");
+  for (const memory_row& m : run.memory) {
+    std::fprintf(out, "%-38s %7ld %11s %13s   %-42s %s\n", m.label, m.instances,
+                 bytes_cell(m.with_rseq).c_str(), bytes_cell(m.without_rseq).c_str(),
+                 m.alternative_label, bytes_cell(m.alternative).c_str());
+    if (!m.reason.empty()) std::fprintf(out, "   (%s: %s)\n", m.label, m.reason.c_str());
+  }
+}
+
 void print_listings(const run_result& run, std::FILE* out) {
   std::fprintf(out,
                "\n4. The instructions as built, disassembled from the binaries themselves\n"
@@ -604,6 +622,7 @@ void print_text(const run_result& run, std::FILE* out) {
     std::fprintf(out, "percpu-bench --structures: percpu's structures, with and without rseq\n\n");
     print_environment(run, out);
     print_structures(run, out);
+    print_memory(run, out);
     std::fprintf(out, "\nTotal run time: %.1f s\n", run.wall_seconds);
     return;
   }
@@ -661,6 +680,18 @@ bool write_json(const run_result& run, const std::string& path, std::string* err
                     {"met", b.met}});
   }
   doc["structures_bar"] = std::move(sbar);
+  json memory = json::array();
+  for (const memory_row& m : run.memory) {
+    auto figure = [](double bytes) { return bytes < 0 ? json(nullptr) : json_number(bytes); };
+    memory.push_back({{"structure", m.name},
+                      {"label", m.label},
+                      {"instances", m.instances},
+                      {"bytes_with_rseq", figure(m.with_rseq)},
+                      {"bytes_without_rseq", figure(m.without_rseq)},
+                      {"alternative", m.alternative_label},
+                      {"alternative_bytes", figure(m.alternative)}});
+  }
+  doc["memory"] = std::move(memory);
   json listings = json::array();
   for (const disassembly& d : run.listings) {
     listings.push_back({{"symbol", d.symbol},
@@ -1014,7 +1045,11 @@ bool write_svg(const run_result& run, const std::string& path, std::string* erro
   const int width = plot_x + plot_w + break_w + value_w;
   const int top = kLegendY + legend_lines(legend, width) * kLegendLine + 30;
   const int plot_h = row_h * static_cast<int>(bars.size());
-  const int height = top + plot_h + 70;
+  // --structures: the memory table under the chart, a line per structure.
+  const int memory_line = 20;
+  const int memory_h =
+      run.memory.empty() ? 0 : memory_line * (2 + static_cast<int>(run.memory.size()));
+  const int height = top + plot_h + 70 + memory_h;
   auto x_of = [&](double v) { return plot_x + std::min(v, axis.end) / axis.end * plot_w; };
   std::string s = format(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
@@ -1134,6 +1169,22 @@ bool write_svg(const run_result& run, const std::string& path, std::string* erro
                     (whisker_cut ? " (max " + format_ns(b.hi) + " ns)" : "")) +
          "</text>\n";
     y += row_h;
+  }
+  if (!run.memory.empty()) {
+    int my = top + plot_h + 70;
+    s += format("<text x=\"20\" y=\"%d\" font-size=\"14\" font-weight=\"bold\">", my) +
+         xml_escape("Memory per instance: bytes of resident memory each, instances made and "
+                    "each used once (" + run.env.cpu_model + ")") +
+         "</text>\n";
+    for (const memory_row& m : run.memory) {
+      my += memory_line;
+      s += format("<text x=\"20\" y=\"%d\" font-size=\"12\">", my) +
+           xml_escape(std::string(m.label) + ": " + bytes_cell(m.with_rseq) + " with rseq, " +
+                      bytes_cell(m.without_rseq) + " without; " + m.alternative_label + ": " +
+                      bytes_cell(m.alternative) + " (" + std::to_string(m.instances) +
+                      " instances)") +
+           "</text>\n";
+    }
   }
   s += "</svg>\n";
   return write_file(path, s, error);

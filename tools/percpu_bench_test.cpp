@@ -98,6 +98,11 @@ std::string two_decimals(double v) {
   std::snprintf(buf, sizeof(buf), "%.2f", v);
   return buf;
 }
+std::string one_decimal(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.1f", v);
+  return buf;
+}
 
 // The printed line that starts with `label`, or "".
 std::string line_starting(const std::string& text, const std::string& label) {
@@ -598,6 +603,41 @@ TEST(PercpuBenchStructures, TableJsonAndSvgHoldEveryRow) {
         << b.at("check").get<std::string>() << " not printed";
   }
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
+
+  // The memory table: every structure, each figure from its own child, in
+  // the text, the JSON and the SVG alike.
+  EXPECT_NE(r.out.find("3. Memory per instance"), std::string::npos) << r.out;
+  const std::vector<std::string> memory_kinds = {"counter", "per_cpu", "ref", "shared_mutex",
+                                                 "free_list", "object_pool"};
+  const json& memory = root.at("memory");
+  ASSERT_EQ(memory.size(), memory_kinds.size());
+  for (std::size_t i = 0; i < memory.size(); ++i) {
+    const json& m = memory[i];
+    SCOPED_TRACE(memory_kinds[i]);
+    EXPECT_EQ(m.at("structure").get<std::string>(), memory_kinds[i]);
+    EXPECT_GT(m.at("instances").get<double>(), 0);
+    for (const char* figure : {"bytes_with_rseq", "bytes_without_rseq"}) {
+      ASSERT_TRUE(m.at(figure).is_number()) << figure;
+      // At least the object itself, and no more than a few pages.
+      EXPECT_GT(m.at(figure).get<double>(), 4) << figure;
+      EXPECT_LT(m.at(figure).get<double>(), 64 * 1024) << figure;
+    }
+    const std::string table = r.out.substr(std::min(r.out.find("3. Memory per instance"), r.out.size()));
+    const std::string line = line_starting(table, m.at("label").get<std::string>() + " ");
+    EXPECT_NE(line.find(one_decimal(m.at("bytes_with_rseq").get<double>())),
+              std::string::npos)
+        << line;
+    EXPECT_NE(svg.find(m.at("label").get<std::string>() + ": " +
+                       one_decimal(m.at("bytes_with_rseq").get<double>())),
+              std::string::npos);
+  }
+  // A std::atomic is 8 bytes: the measure must not invent overhead (but a
+  // sanitizer's shadow of the heap is resident memory too).
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  EXPECT_LT(memory[0].at("alternative_bytes").get<double>(), 12);
+  EXPECT_LT(memory[1].at("alternative_bytes").get<double>(), 20);
+#endif
+  EXPECT_TRUE(memory.back().at("alternative_bytes").is_null()) << "malloc has no instances";
 }
 
 TEST(PercpuBenchStructures, RefusesThreadsAndOnly) {
