@@ -31,6 +31,7 @@
 
 #include "percpu/cpu.hpp"
 #include "tests/stress/stress.hpp"
+#include "tests/support/address_limit.hpp"
 #include "tests/support/pages.hpp"
 #include "tools/seccomp_deny_rseq.hpp"
 
@@ -207,66 +208,42 @@ TEST(CounterTest, AHundredThousandCountersTakeBytesEach) {
   EXPECT_EQ(total, kCounters);
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitizerShadow = true;
-#else
-constexpr bool kSanitizerShadow = false;
-#endif
-
 // "If no memory can be mapped, adds go to a single shared atomic and stay
 // exact": in a child whose address space is limited to what it has mapped,
 // counters are added to until one finds no memory for its slots; that one
 // still counts exactly, in load() and in no slot(), and no member changed
 // errno.
 TEST(CounterTest, AddsStayExactWhenNoMemoryCanBeMapped) {
-  if (kSanitizerShadow || std::getenv("PERCPU_UNDER_VALGRIND") != nullptr) {
-    GTEST_SKIP() << "the sanitizer's or valgrind's own mappings fill the address space a "
-                    "limit would restrict; the default and clang lanes run this";
-  }
+  if (const char* why = test::why_no_address_limit()) GTEST_SKIP() << why;
   // More than the arena can hold without a new chunk: a chunk of the 16-byte
   // class and the objects earlier tests gave back (100,000 of them).
   constexpr int kCounters = 262144;
   std::unique_ptr<counter[]> counters(new counter[kCounters]);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    long pages = 0;
-    if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
-      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
-      std::fclose(f);
-    }
-    rlimit limit{};
-    getrlimit(RLIMIT_AS, &limit);
-    limit.rlim_cur = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE));
-    if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(2);
-    // qemu-user accepts the limit and ignores it: a mapping beyond it tells.
-    void* probe = mmap(nullptr, std::size_t{1} << 30, PROT_NONE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (probe != MAP_FAILED) _exit(9);
+  const int status = test::run_under_address_limit(0, [&] {
     errno = 4321;
     int first_unmapped = -1;
     for (int i = 0; i < kCounters && first_unmapped < 0; ++i) {
       counters[i].add(1);
       if (mapped_slots(counters[i]) == nullptr) first_unmapped = i;
     }
-    if (first_unmapped < 0) _exit(3);
+    if (first_unmapped < 0) return 3;
     counter& c = counters[first_unmapped];
     for (int i = 0; i < 1000; ++i) c.add(i % 2 == 0 ? 3 : -1);
     c.increment();
-    if (c.load() != 1 + 500 * 3 - 500 + 1) _exit(4);
+    if (c.load() != 1 + 500 * 3 - 500 + 1) return 4;
     std::int64_t by_slots = 0;
     for (int i = 0; i < c.slots(); ++i) by_slots += c.slot(i);
-    if (by_slots != 0) _exit(5);  // no slot: the shared atomic holds them
-    if (mapped_slots(c) != nullptr) _exit(6);
-    if (errno != 4321) _exit(7);
-    _exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
+    if (by_slots != 0) return 5;  // no slot: the shared atomic holds them
+    if (mapped_slots(c) != nullptr) return 6;
+    if (errno != 4321) return 7;
+    return 0;
+  });
   ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
-  if (WEXITSTATUS(status) == 9) GTEST_SKIP() << "RLIMIT_AS is not enforced here (qemu-user)";
+  if (WEXITSTATUS(status) == test::kLimitNotEnforced) {
+    GTEST_SKIP() << "RLIMIT_AS is not enforced here (qemu-user ignores it)";
+  }
   EXPECT_EQ(WEXITSTATUS(status), 0)
-      << "2: setrlimit failed, 3: every counter found memory, 4: load() inexact, "
+      << "98: setrlimit failed, 3: every counter found memory, 4: load() inexact, "
          "5: a slot holds adds made without memory, 6: slots mapped later, 7: errno changed";
 }
 

@@ -29,6 +29,7 @@
 
 #include "percpu/cpu.hpp"
 #include "tests/stress/stress.hpp"
+#include "tests/support/address_limit.hpp"
 #include "tests/support/pages.hpp"
 #include "tools/seccomp_deny_rseq.hpp"
 
@@ -370,19 +371,10 @@ TEST(PerCpuTest, AHundredThousandObjectsTakeBytesEach) {
   EXPECT_EQ(total, kObjects);
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitizerShadow = true;
-#else
-constexpr bool kSanitizerShadow = false;
-#endif
-
 // No memory for the copies (an address-space limit in a child): updates go
 // to the shared copy and stay exact, and errno is kept.
 TEST(PerCpuTest, UpdatesStayExactWhenNoMemoryCanBeMapped) {
-  if (kSanitizerShadow || std::getenv("PERCPU_UNDER_VALGRIND") != nullptr) {
-    GTEST_SKIP() << "the sanitizer's or valgrind's own mappings fill the address space a "
-                    "limit would restrict; the default and clang lanes run this";
-  }
+  if (const char* why = test::why_no_address_limit()) GTEST_SKIP() << why;
   struct big {
     std::int64_t n;
     char pad[2040];
@@ -390,21 +382,7 @@ TEST(PerCpuTest, UpdatesStayExactWhenNoMemoryCanBeMapped) {
   // More than the 2048-byte class holds without a new chunk.
   constexpr int kObjects = 4096;
   std::unique_ptr<per_cpu<big>[]> objects(new per_cpu<big>[kObjects]);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    long pages = 0;
-    if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
-      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
-      std::fclose(f);
-    }
-    rlimit limit{};
-    getrlimit(RLIMIT_AS, &limit);
-    limit.rlim_cur = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE));
-    if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(2);
-    void* probe = mmap(nullptr, std::size_t{1} << 30, PROT_NONE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (probe != MAP_FAILED) _exit(9);
+  const int status = test::run_under_address_limit(0, [&] {
     errno = 4321;
     int unmapped = -1;
     for (int i = 0; i < kObjects && unmapped < 0; ++i) {
@@ -415,20 +393,20 @@ TEST(PerCpuTest, UpdatesStayExactWhenNoMemoryCanBeMapped) {
       }
       if (!any_copy && objects[i].shared_copy().n == 1) unmapped = i;
     }
-    if (unmapped < 0) _exit(3);
+    if (unmapped < 0) return 3;
     per_cpu<big>& s = objects[unmapped];
     for (int i = 0; i < 999; ++i) s.add(&big::n, std::int64_t{2});
-    if (s.sum(&big::n) != 1 + 999 * 2) _exit(4);
-    if (s.shared_copy().n != s.sum(&big::n)) _exit(5);
-    if (errno != 4321) _exit(7);
-    _exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
+    if (s.sum(&big::n) != 1 + 999 * 2) return 4;
+    if (s.shared_copy().n != s.sum(&big::n)) return 5;
+    if (errno != 4321) return 7;
+    return 0;
+  });
   ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
-  if (WEXITSTATUS(status) == 9) GTEST_SKIP() << "RLIMIT_AS is not enforced here (qemu-user)";
+  if (WEXITSTATUS(status) == test::kLimitNotEnforced) {
+    GTEST_SKIP() << "RLIMIT_AS is not enforced here (qemu-user ignores it)";
+  }
   EXPECT_EQ(WEXITSTATUS(status), 0)
-      << "2: setrlimit failed, 3: every object found memory, 4: sum inexact, "
+      << "98: setrlimit failed, 3: every object found memory, 4: sum inexact, "
          "5: not all in the shared copy, 7: errno changed";
 }
 

@@ -26,6 +26,7 @@
 
 #include "percpu/cpu.hpp"
 #include "tests/stress/stress.hpp"
+#include "tests/support/address_limit.hpp"
 #include "tests/support/pages.hpp"
 
 namespace percpu {
@@ -352,65 +353,38 @@ TEST(StrideArenaTest, ForkWhileAnotherThreadPopsLeavesTheChildAllocating) {
 // When no chunk can be mapped (here: an address-space limit in a child),
 // allocate() returns nullptr and keeps errno; freed objects are still
 // reused, and once memory is back it allocates again.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitizerShadow = true;
-#else
-constexpr bool kSanitizerShadow = false;
-#endif
-
 TEST(StrideArenaTest, ExhaustionReturnsNullAndKeepsErrno) {
-  if (kSanitizerShadow || std::getenv("PERCPU_UNDER_VALGRIND") != nullptr) {
-    GTEST_SKIP() << "the sanitizer's or valgrind's own mappings fill the address space a "
-                    "limit would restrict; the default and clang lanes run this";
-  }
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    static stride_arena arena(4096);  // 15 objects a chunk: chunks run out quickly
-    std::vector<void*> held;
-    held.reserve(4096);  // no allocation of the test's own under the limit
-    rlimit limit{};
-    getrlimit(RLIMIT_AS, &limit);
-    const rlimit original = limit;
-    // Room for what the process has mapped now and three chunks more.
-    long pages = 0;
-    if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
-      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
-      std::fclose(f);
-    }
-    const std::size_t chunk = kStride * cpus();
-    limit.rlim_cur = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) +
-                     chunk * 3;
-    if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(2);
-    // qemu-user accepts the limit and ignores it (it would bind the
-    // emulator too): a mapping far beyond it tells.
-    void* probe = mmap(nullptr, chunk * 64, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                       -1, 0);
-    if (probe != MAP_FAILED) _exit(9);
+  if (const char* why = test::why_no_address_limit()) GTEST_SKIP() << why;
+  static stride_arena arena(4096);  // 15 objects a chunk: chunks run out quickly
+  static std::vector<void*> held;
+  held.reserve(4096);  // no allocation of the test's own under the limit
+  // Room for three chunks more than the process has mapped.
+  const int status = test::run_under_address_limit(kStride * cpus() * 3, [] {
+    rlimit original{};
+    getrlimit(RLIMIT_AS, &original);
     errno = 1234;
     void* o = nullptr;
     while ((o = arena.allocate()) != nullptr) {
       *static_cast<std::uintptr_t*>(o) = 5;
       held.push_back(o);
-      if (held.size() >= 4096) _exit(3);  // the limit did not bite
+      if (held.size() >= 4096) return 3;  // the limit did not bite
     }
-    if (errno != 1234) _exit(4);
-    if (held.empty()) _exit(5);
+    if (errno != 1234) return 4;
+    if (held.empty()) return 5;
     arena.deallocate(held.back());
     void* again = arena.allocate();
-    if (again != held.back() || !all_copies_zero(again, 4096)) _exit(6);
+    if (again != held.back() || !all_copies_zero(again, 4096)) return 6;
+    original.rlim_cur = original.rlim_max;
     setrlimit(RLIMIT_AS, &original);
-    if (arena.allocate() == nullptr) _exit(7);
-    _exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
+    if (arena.allocate() == nullptr) return 7;
+    return 0;
+  });
   ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
-  if (WEXITSTATUS(status) == 9) {
+  if (WEXITSTATUS(status) == test::kLimitNotEnforced) {
     GTEST_SKIP() << "RLIMIT_AS is not enforced here (qemu-user ignores it)";
   }
   EXPECT_EQ(WEXITSTATUS(status), 0)
-      << "2: setrlimit failed, 3: never exhausted, 4: errno changed, 5: nothing allocated, "
+      << "98: setrlimit failed, 3: never exhausted, 4: errno changed, 5: nothing allocated, "
          "6: a freed object was not reused zeroed, 7: no allocation once memory was back";
 }
 
