@@ -1,0 +1,73 @@
+/* librseq's side of benchmarks/librseq/side_by_side.cpp: the same loops as
+ * percpu's side, each operation inlined from librseq's own headers, a
+ * compiler barrier between operations. Built only by
+ * scripts/bench_librseq.sh, against a librseq the user cloned; percpu never
+ * ships or needs it. */
+#define _GNU_SOURCE
+#include <rseq/mempool.h>
+#include <rseq/rseq.h>
+#include <stdint.h>
+
+#define BARRIER() __asm__ __volatile__("" ::: "memory")
+
+struct librseq_counter {
+  intptr_t count;
+};
+
+static struct rseq_mempool* pool;
+
+/* A pool of per-CPU counters with librseq's default stride, as its
+ * documentation's counter example makes. */
+void* librseq_counter_create(void) {
+  if (pool == NULL) {
+    struct rseq_mempool_attr* attr = rseq_mempool_attr_create();
+    if (attr == NULL || rseq_mempool_attr_set_percpu(attr, RSEQ_MEMPOOL_STRIDE, 0) != 0) return NULL;
+    pool = rseq_mempool_create("side_by_side", sizeof(struct librseq_counter), attr);
+    rseq_mempool_attr_destroy(attr);
+    if (pool == NULL) return NULL;
+  }
+  return (void*)rseq_mempool_percpu_zmalloc(pool);
+}
+
+int librseq_register(void) { return rseq_register_current_thread(); }
+int librseq_max_cpus(void) { return rseq_get_max_nr_cpus(); }
+
+int64_t librseq_cpu_loop(long n) {
+  int64_t sum = 0;
+  for (long i = 0; i < n; ++i) {
+    sum += rseq_current_cpu_raw();
+    BARRIER();
+  }
+  return sum;
+}
+
+void librseq_add_loop(void* item, long n) {
+  struct librseq_counter __rseq_percpu* c = (struct librseq_counter __rseq_percpu*)item;
+  for (long i = 0; i < n; ++i) {
+    for (;;) {
+      int cpu = rseq_cpu_start();
+      if (rseq_load_add_store__ptr(RSEQ_MO_RELAXED, RSEQ_PERCPU_CPU_ID,
+                                   &rseq_percpu_ptr(c, cpu)->count, 1, cpu) == 0) {
+        break;
+      }
+    }
+    BARRIER();
+  }
+}
+
+/* Summing the item over the CPUs, as a reader of librseq's counter does. */
+int64_t librseq_sum(void* item, int cpus) {
+  struct librseq_counter __rseq_percpu* c = (struct librseq_counter __rseq_percpu*)item;
+  int64_t sum = 0;
+  for (int cpu = 0; cpu < cpus; ++cpu) sum += RSEQ_READ_ONCE(rseq_percpu_ptr(c, cpu)->count);
+  return sum;
+}
+
+int64_t librseq_sum_loop(void* item, int cpus, long n) {
+  int64_t total = 0;
+  for (long i = 0; i < n; ++i) {
+    total += librseq_sum(item, cpus);
+    BARRIER();
+  }
+  return total;
+}
