@@ -49,7 +49,7 @@ class expect_mode : public ::testing::Environment {
     if (const char* want = std::getenv("PERCPU_EXPECT_BACKEND")) {
       std::string why;
       const std::string expected = percpu::test::expected_backend(want, &why);
-      std::printf("percpu test mode: checked backend=%s (%s)\n", expected.c_str(), why.c_str());
+      std::printf("percpu expected backend=%s (%s)\n", expected.c_str(), why.c_str());
       ASSERT_NE(expected, "") << "PERCPU_EXPECT_BACKEND=" << want << ": " << why;
       EXPECT_EQ(backend, expected) << why;
     }
