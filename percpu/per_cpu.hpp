@@ -43,7 +43,8 @@
 //
 // What is atomic with respect to what
 //   Each update is atomic with respect to every other update of the same
-//   field, on any thread and in signal handlers. Updates of different
+//   word (one CPU's copy of the field, in one set), on any thread and in
+//   signal handlers. Updates of different
 //   fields are independent. copy() and shared_copy() read the copy one
 //   word at a time: each word is a value some update left, but two words
 //   may come from before and after another thread's update. sum() adds the
@@ -100,6 +101,16 @@
 namespace percpu {
 namespace internal {
 
+// M itself, in a context that does not deduce M: the field alone says the
+// type, so add(&stats::requests, 1) converts the 1 (std::type_identity_t,
+// which C++17 lacks).
+template <typename M>
+struct same_as {
+  using type = M;
+};
+template <typename M>
+using same_as_t = typename same_as<M>::type;
+
 // The arena size class for `bytes` of copy: a power of two, 16 to 4096.
 constexpr std::size_t per_cpu_copy_bytes(std::size_t bytes) noexcept {
   std::size_t size = 16;
@@ -150,11 +161,12 @@ class per_cpu {
   per_cpu& operator=(const per_cpu&) = delete;
 
   template <typename M>
-  void add(M T::*field, M delta) noexcept;
+  void add(M T::*field, internal::same_as_t<M> delta) noexcept;
   template <typename M>
-  bool compare_and_store(M T::*field, M expected, M desired) noexcept;
+  bool compare_and_store(M T::*field, internal::same_as_t<M> expected,
+                         internal::same_as_t<M> desired) noexcept;
   template <typename M>
-  void store(M T::*field, M value) noexcept;
+  void store(M T::*field, internal::same_as_t<M> value) noexcept;
   template <typename M>
   M load(M T::*field) const noexcept;
 
@@ -230,7 +242,7 @@ per_cpu<T>::~per_cpu() {
 // update to the library), then one section that adds to this CPU's copy.
 template <typename T>
 template <typename M>
-inline void per_cpu<T>::add(M T::*field, M delta) noexcept {
+inline void per_cpu<T>::add(M T::*field, internal::same_as_t<M> delta) noexcept {
   check_field<M>();
   using internal::index_kind;
   const std::uint32_t limit =
@@ -252,7 +264,8 @@ inline void per_cpu<T>::add(M T::*field, M delta) noexcept {
 
 template <typename T>
 template <typename M>
-bool per_cpu<T>::compare_and_store(M T::*field, M expected, M desired) noexcept {
+bool per_cpu<T>::compare_and_store(M T::*field, internal::same_as_t<M> expected,
+                                   internal::same_as_t<M> desired) noexcept {
   check_field<M>();
   return internal::per_cpu_compare_and_store(&storage_, kCopyBytes, shared_, offset_of(field),
                                              to_word(expected), to_word(desired));
@@ -263,7 +276,7 @@ bool per_cpu<T>::compare_and_store(M T::*field, M expected, M desired) noexcept 
 // store here could undo one of theirs.
 template <typename T>
 template <typename M>
-void per_cpu<T>::store(M T::*field, M value) noexcept {
+void per_cpu<T>::store(M T::*field, internal::same_as_t<M> value) noexcept {
   check_field<M>();
   const std::size_t offset = offset_of(field);
   const std::intptr_t v = to_word(value);

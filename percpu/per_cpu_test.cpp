@@ -122,6 +122,21 @@ TEST(PerCpuTest, SnapshotsOfAnOddSizedType) {
   EXPECT_EQ(s.sum(&odd::n), 5);
 }
 
+// The header's own example: the field says the type, so plain literals do.
+TEST(PerCpuTest, LiteralsConvertToTheFieldsType) {
+  per_cpu<stats> s;
+  const stress::affinity_guard restore;  // load() reads this CPU's copy
+  ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
+  s.add(&stats::requests, 1);
+  s.add(&stats::errors, 2);
+  EXPECT_TRUE(s.compare_and_store(&stats::last, s.load(&stats::last), 5));
+  s.store(&stats::bytes, 9);
+  EXPECT_EQ(s.sum(&stats::requests), 1);
+  EXPECT_EQ(s.sum(&stats::errors), 2u);
+  EXPECT_EQ(s.load(&stats::last), 5);
+  EXPECT_EQ(s.load(&stats::bytes), 9);
+}
+
 TEST(PerCpuTest, UnsignedSumsWrapAsTheTypeDoes) {
   per_cpu<stats> s;
   s.add(&stats::errors, std::uint64_t{5});
