@@ -101,17 +101,6 @@ void counter::add_slow(std::int64_t delta) noexcept {
       ->by_atomic.fetch_add(delta, std::memory_order_relaxed);
 }
 
-std::int64_t counter::load() const noexcept {
-  std::int64_t sum = unmapped_.load(std::memory_order_relaxed);
-  const slot_words* slots = slots_.load(std::memory_order_acquire);
-  const int count = slots != nullptr ? max_cpus() : 0;
-  for (int i = 0; i < count; ++i) {
-    const slot_words& s = *internal::stride_copy(slots, static_cast<unsigned>(i));
-    sum += read_rseq_word(&s.by_rseq) + s.by_atomic.load(std::memory_order_relaxed);
-  }
-  return sum;
-}
-
 std::int64_t counter::slot(int cpu) const noexcept {
   const int count = slots();
   if (cpu < 0 || cpu >= count) {

@@ -175,5 +175,23 @@ inline void counter::add(std::int64_t delta) noexcept {
   add_slow(delta);
 }
 
+// Inline, as a reader of librseq's per-CPU counter sums its item: the slots
+// exist only once start-up is over, which set g_fast_path.cpu_limit to
+// max_cpus() for good before any slots could be taken, and the acquire load
+// of slots_ makes that store visible.
+inline std::int64_t counter::load() const noexcept {
+  std::int64_t sum = unmapped_.load(std::memory_order_relaxed);
+  const slot_words* slots = slots_.load(std::memory_order_acquire);
+  if (slots == nullptr) return sum;
+  const unsigned count = __atomic_load_n(&internal::g_fast_path.cpu_limit, __ATOMIC_RELAXED);
+  for (unsigned i = 0; i < count; ++i) {
+    const slot_words* s = internal::stride_copy(slots, i);
+    // by_rseq: plain stores of sections on CPU i; read as a relaxed atomic.
+    sum += static_cast<std::int64_t>(__atomic_load_n(&s->by_rseq, __ATOMIC_RELAXED)) +
+           s->by_atomic.load(std::memory_order_relaxed);
+  }
+  return sum;
+}
+
 }  // namespace percpu
 #pragma GCC visibility pop
