@@ -180,7 +180,9 @@ lane_consumer() {
     -DCMAKE_INSTALL_PREFIX="$B/aarch64/prefix" >"$B.aarch64.log" 2>&1 &&
     cmake --build "$B/aarch64" -j "$jobs" >>"$B.aarch64.log" 2>&1 &&
     cmake --install "$B/aarch64" >>"$B.aarch64.log" 2>&1 || { tail -30 "$B.aarch64.log"; return 1; }
-  aarch64-linux-gnu-objdump -f "$B/aarch64/prefix/lib/libpercpu.a" | grep -q 'aarch64' &&
+  local formats
+  formats=$(aarch64-linux-gnu-objdump -f "$B/aarch64/prefix/lib/libpercpu.a") &&
+    grep -q 'aarch64' <<<"$formats" &&
     ls "$B/aarch64/prefix/lib/cmake/percpu/percpuConfig.cmake" "$B/aarch64/prefix/include/percpu/cpu.hpp" &&
     echo "aarch64 install: ok"
 }

@@ -53,7 +53,7 @@ done
 soversion=$(readlink "$B/build/percpu/libpercpu.so")  # libpercpu.so.MAJOR.MINOR
 runtime=libpercpu${soversion#libpercpu.so.}
 for want in "$runtime" libpercpu-dev percpu-tools; do
-  printf '%s\n' "${names[@]}" | grep -qx "$want" || { echo "package lane: no package $want" >&2; exit 1; }
+  [[ " ${names[*]} " == *" $want "* ]] || { echo "package lane: no package $want" >&2; exit 1; }
 done
 dpkg-deb -f "$B"/packages/libpercpu-dev_*.deb Depends | grep -q "^$runtime (= " ||
   { echo "package lane: libpercpu-dev does not depend on $runtime at its version" >&2; exit 1; }
@@ -89,13 +89,24 @@ cmake -S "$consumer" -B "$B/consumer-cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release 
 cmake --build "$B/consumer-cmake" >"$B/consumer-build.log" 2>&1 || { cat "$B/consumer-build.log"; exit 1; }
 "$B/consumer-cmake/percpu_consumer"
 "$B/consumer-cmake/percpu_c_consumer"
-ldd "$B/consumer-cmake/percpu_consumer" | grep -Eq "$soversion => (/usr)?/lib/" ||
-  { echo "package lane: the consumer does not load the packaged $soversion" >&2; exit 1; }
+# ldd's output is taken whole before it is searched: `ldd | grep -q` under
+# pipefail fails whenever grep exits on its match before ldd has written its
+# last line (SIGPIPE), which a loaded machine makes happen.
+linked=$(ldd "$B/consumer-cmake/percpu_consumer")
+loaded=$(awk -v so="$soversion" '$1 == so && $2 == "=>" { print $3 }' <<<"$linked")
+packaged=$(grep "/$soversion\$" "$owned" || true)
+if [[ -z $loaded || -z $packaged || $(realpath "$loaded") != "$(realpath "$packaged")" ]]; then
+  echo "package lane: the consumer does not load the packaged $soversion (${packaged:-not in the packages})" >&2
+  echo "$linked" >&2
+  exit 1
+fi
+echo "consumer loads $loaded"
 [[ -x $B/consumer-cmake/percpu_consumer_static ]] ||
   { echo "package lane: percpu::percpu_static was not found in the installed package" >&2; exit 1; }
 "$B/consumer-cmake/percpu_consumer_static"
-if ldd "$B/consumer-cmake/percpu_consumer_static" | grep -q libpercpu; then
-  echo "package lane: the static consumer loads libpercpu.so" >&2; exit 1
+linked=$(ldd "$B/consumer-cmake/percpu_consumer_static")
+if grep -q libpercpu <<<"$linked"; then
+  echo "package lane: the static consumer loads libpercpu.so" >&2; echo "$linked" >&2; exit 1
 fi
 
 step "consumer with pkg-config --cflags --libs percpu"
