@@ -25,7 +25,9 @@
 //   Either the reader sees the writer or the writer sees the reader: never
 //   neither. This is Dekker's pattern with the reader's half of the fence
 //   paid by the writer's system call. In fence mode R2 is a real sequentially
-//   consistent fence and W2 a fence too: the same argument, symmetric.
+//   consistent fence and W2 is the fence in W3, which comes after W1 and
+//   before the reads of the words and locks_ (on x86-64, W1 itself: a
+//   locked instruction is a full barrier): the same argument, symmetric.
 //
 // Why a zero sum means no reader is inside
 //   Call a reader that passed R3 without seeing kWriter "in". Each in
@@ -61,6 +63,31 @@
 //   carry no order of their own.) Writer to reader: unlock() stores state_
 //   with release order, readers read it with acquire.
 //
+// Writers in bursts
+//   The membarrier in W2 is what lets readers skip a fence between R1 and R3;
+//   a writer needs it only while readers may be on that fence-free path. So
+//   W1 also sets kRecent, which sends readers to the slow path, where they
+//   fence between R1 and R3 as in fence mode, and unlock() leaves it set. A
+//   writer whose W1 finds kRecent already set (the fetch_or returns the state
+//   it replaced) does W2 with a fence instead: every reader that can still
+//   be on the fence-free path read state_ before the writer that set kRecent
+//   issued its membarrier, so its R1 was visible by the end of that call,
+//   and that writer finished before this one began (writers_ orders them).
+//   A reader that sees kRecent and no kWriter fences and reads state_ again
+//   before it counts itself in, so the same Dekker argument holds with two
+//   real fences. kRecent ends when a reader on the slow path finds that the
+//   last writer unlocked kRecentMs or more ago: it clears the bit with a
+//   compare-and-swap that fails if a writer announced itself meanwhile, and
+//   the next writer pays the membarrier again. So a burst of writers pays
+//   one membarrier, and readers pay a fence each for kRecentMs after the
+//   last writer of a burst; with no writer for longer, they are back on the
+//   fast path. This is the kernel's percpu_rw_semaphore keeping readers on
+//   their slow path for a grace period after a writer (rcu_sync), with a
+//   coarse clock for the grace period.
+//   W3 walks the words of the thread indexes claimed so far
+//   (thread_index_limit()): a thread raises the limit before its first R1,
+//   so a writer that sees an R1 sees a limit that covers it.
+//
 // Waiting
 //   A reader that sees kWriter backs out (its -1, then a fence), wakes the
 //   writer, and sleeps on state_ (a futex) until the generation changes.
@@ -74,10 +101,10 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
-
 #include <cstdlib>
 #include <cstring>
 
@@ -97,6 +124,21 @@ constexpr int kReaderTurnWaits = 4;
 constexpr long kReaderTurnWaitNs = 250 * 1000;
 // The longest sleep of a fence-mode writer between two looks at the counts.
 constexpr long kFenceModeWaitNs = 1000 * 1000;
+// How long after the last writer's unlock readers keep fencing (kRecent),
+// so that the next writer needs no membarrier.
+constexpr std::uint32_t kRecentMs = 10;
+
+// CLOCK_MONOTONIC_COARSE in milliseconds, wrapping: a read of the vDSO's
+// clock, a few nanoseconds, not a cancellation point, async-signal-safe.
+// False if the clock cannot be read (readers then end kRecent at once).
+bool coarse_ms(std::uint32_t* ms) noexcept {
+  struct timespec now;
+  const int saved_errno = errno;
+  const bool ok = clock_gettime(CLOCK_MONOTONIC_COARSE, &now) == 0;
+  errno = saved_errno;
+  if (ok) *ms = static_cast<std::uint32_t>(now.tv_sec * 1000 + now.tv_nsec / 1000000);
+  return ok;
+}
 
 [[noreturn]] void die(const char* message) noexcept {
   internal::nocancel_write_string(STDERR_FILENO, message);
@@ -290,12 +332,28 @@ void shared_mutex::wait_for_writer(std::uint32_t seen) noexcept {
   }
 }
 
+// A reader that counted itself in and saw kRecent with no writer: ends
+// kRecent if the last writer left long enough ago (see "Writers in bursts").
+void shared_mutex::end_recent_if_quiet(std::uint32_t seen) noexcept {
+  if ((seen & (kRecent | kWriter)) != kRecent) return;
+  std::uint32_t now = 0;
+  if (coarse_ms(&now) &&
+      now - last_unlock_ms_.load(std::memory_order_relaxed) < kRecentMs) {
+    return;
+  }
+  // Fails, harmlessly, if a writer announced itself or another reader won.
+  state_.compare_exchange_strong(seen, seen & ~kRecent, std::memory_order_relaxed);
+}
+
 void shared_mutex::lock_shared_slow(std::uint32_t seen, word* w) noexcept {
   // Our count is already in w (or locks_ when w is nullptr).
-  if ((seen & (kUninit | kWriter)) == 0) {  // fence mode, no writer seen
+  if ((seen & (kUninit | kWriter)) == 0) {  // fence mode or kRecent, no writer seen
     std::atomic_thread_fence(std::memory_order_seq_cst);
     seen = state_.load(std::memory_order_seq_cst);
-    if ((seen & kWriter) == 0) return;
+    if ((seen & kWriter) == 0) {
+      end_recent_if_quiet(seen);
+      return;
+    }
   }
   back_out(w);
   for (;;) {
@@ -312,13 +370,18 @@ void shared_mutex::lock_shared_slow(std::uint32_t seen, word* w) noexcept {
     }
     w = reader_word();
     count_lock(w);
-    if ((seen & kFences) != 0) {
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-    } else {
-      std::atomic_signal_fence(std::memory_order_seq_cst);
-    }
+    std::atomic_signal_fence(std::memory_order_seq_cst);
     seen = state_.load(std::memory_order_seq_cst);
-    if ((seen & kWriter) == 0) return;
+    // As on the inline path: a state that makes writers rely on readers'
+    // fences (kFences, kRecent) needs the fence before the check counts.
+    if ((seen & (kFences | kRecent)) != 0 && (seen & kWriter) == 0) {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      seen = state_.load(std::memory_order_seq_cst);
+    }
+    if ((seen & kWriter) == 0) {
+      end_recent_if_quiet(seen);
+      return;
+    }
     back_out(w);
   }
 }
@@ -328,14 +391,17 @@ bool shared_mutex::try_lock_shared_slow(std::uint32_t seen, word* w) noexcept {
     // Nobody can have relied on a mode yet; choose it, then decide as the
     // chosen mode would have. Our count stays where it is: the words being
     // mapped now changes where later counts go, not where this one went.
-    seen = initialize();
-    if ((seen & kFences) != 0) std::atomic_thread_fence(std::memory_order_seq_cst);
+    (void)initialize();
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     seen = state_.load(std::memory_order_seq_cst);
   } else if ((seen & kWriter) == 0) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     seen = state_.load(std::memory_order_seq_cst);
   }
-  if ((seen & kWriter) == 0) return true;
+  if ((seen & kWriter) == 0) {
+    end_recent_if_quiet(seen);
+    return true;
+  }
   back_out(w);
   return false;
 }
@@ -359,23 +425,61 @@ void shared_mutex::unlock_writers() noexcept {
   if (writers_.exchange(0, std::memory_order_release) == 2) internal::futex_wake(&writers_, 1);
 }
 
-// W2 of the proof, and on weakly ordered machines the second barrier.
-void shared_mutex::fence_readers(std::uint32_t state) noexcept {
-  if ((state & kFences) != 0) {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-  } else if (!internal::barrier_all()) {
+namespace {
+
+// W2 of the proof while readers may skip their fence.
+void membarrier_readers() noexcept {
+  if (!internal::barrier_all()) {
     // Readers rely on it and nothing else can stand in for it.
     die("percpu::shared_mutex: membarrier failed after it was registered\n");
   }
 }
 
+}  // namespace
+
+// W1 and W2. Sets kRecent too. A writer that finds it set already, or fence
+// mode, relies on the readers' fences (see "Writers in bursts"): its own
+// half of Dekker's pattern is then the fence in readers_gone() between this
+// read-modify-write and its reads of the counts (on x86-64, the
+// read-modify-write itself). Returns whether it issued
+// no membarrier.
+bool shared_mutex::announce_writer() noexcept {
+  const std::uint32_t before = state_.fetch_or(kWriter | kRecent, std::memory_order_seq_cst);
+  const bool fenced_only = (before & (kFences | kRecent)) != 0;
+  if (!fenced_only) membarrier_readers();
+  return fenced_only;
+}
+
+// On weakly ordered machines, after the counts balance: belt and braces for
+// the per-CPU counts, whose rseq stores carry no order of their own.
+void shared_mutex::fence_after_readers_gone(bool fenced_only) noexcept {
+#if defined(__x86_64__)
+  (void)fenced_only;
+#else
+  if (fenced_only) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  } else {
+    membarrier_readers();
+  }
+#endif
+}
+
 // W3: unlocks first, then the words, then locks (see "Why a zero sum").
+// Every caller has done W1, a read-modify-write of state_, before.
 bool shared_mutex::readers_gone() const noexcept {
   const std::int64_t unlocks = unlocks_.load();
+#if defined(__x86_64__)
+  // The fence's two duties cost nothing here: W1's read-modify-write is a
+  // locked instruction, a full barrier between it and these reads, and
+  // x86-64 keeps loads in order (the unlocks before the locks).
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+#else
   std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
   std::int64_t sum = 0;
   const internal::reader_word* words = words_.load(std::memory_order_acquire);
-  for (int i = 0; words != nullptr && i < internal::kThreadSlots; ++i) {
+  const int limit = words != nullptr ? internal::thread_index_limit() : 0;
+  for (int i = 0; i < limit; ++i) {
     sum += words[i].count.load(std::memory_order_relaxed);
   }
   sum += locks_.load() - unlocks;
@@ -395,32 +499,29 @@ void shared_mutex::lock() noexcept {
   }
 #endif
   lock_writers();
-  std::uint32_t state = state_.load(std::memory_order_acquire);
-  if ((state & kUninit) != 0) state = initialize();
+  if ((state_.load(std::memory_order_acquire) & kUninit) != 0) (void)initialize();
   // The readers the previous writer woke get in before this one announces.
   for (int i = 0; i < kReaderTurnWaits; ++i) {
     const std::uint32_t waiting = waiting_readers_.load(std::memory_order_seq_cst);
     if (waiting == 0) break;
     internal::futex_wait(&waiting_readers_, waiting, kReaderTurnWaitNs);
   }
-  state = state_.fetch_or(kWriter, std::memory_order_seq_cst) | kWriter;
-  fence_readers(state);
+  const bool fenced_only = announce_writer();
   for (int round = 0;; ++round) {
     const std::uint32_t drained = drained_.load(std::memory_order_seq_cst);
     if (readers_gone()) break;
     if (round < kWriterYields) {
       sched_yield();
-    } else if ((state & kFences) != 0) {
-      // A fence-mode reader's unlock may not see this writer and not wake
-      // it (unlock_shared_slow): wake up now and then to look again.
+    } else if (fenced_only) {
+      // A reader's unlock does not fence, so without the membarrier it may
+      // not see this writer and not wake it (unlock_shared_slow): wake up
+      // now and then to look again.
       internal::futex_wait(&drained_, drained, kFenceModeWaitNs);
     } else {
       internal::futex_wait(&drained_, drained);
     }
   }
-#if !defined(__x86_64__)
-  fence_readers(state);
-#endif
+  fence_after_readers_gone(fenced_only);
   internal::tsan_acquire(this);                // the previous writer's unlock()
   internal::tsan_acquire(readers_released());  // every reader's unlock_shared()
   writer_thread_.store(static_cast<std::uintptr_t>(pthread_self()), std::memory_order_relaxed);
@@ -434,17 +535,13 @@ bool shared_mutex::try_lock() noexcept {
 #endif
   std::uint32_t expected = 0;
   if (!writers_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) return false;
-  std::uint32_t state = state_.load(std::memory_order_acquire);
-  if ((state & kUninit) != 0) state = initialize();
-  state = state_.fetch_or(kWriter, std::memory_order_seq_cst) | kWriter;
-  fence_readers(state);
+  if ((state_.load(std::memory_order_acquire) & kUninit) != 0) (void)initialize();
+  const bool fenced_only = announce_writer();
   if (!readers_gone()) {
     unlock();  // lets in the readers that backed out meanwhile
     return false;
   }
-#if !defined(__x86_64__)
-  fence_readers(state);
-#endif
+  fence_after_readers_gone(fenced_only);
   internal::tsan_acquire(this);                // the previous writer's unlock()
   internal::tsan_acquire(readers_released());  // every reader's unlock_shared()
   writer_thread_.store(static_cast<std::uintptr_t>(pthread_self()), std::memory_order_relaxed);
@@ -462,7 +559,10 @@ void shared_mutex::unlock() noexcept {
 #endif
   }
   writer_thread_.store(0, std::memory_order_relaxed);
-  // Only the writer changes state_ once it is initialised.
+  std::uint32_t now = 0;
+  if (coarse_ms(&now)) last_unlock_ms_.store(now, std::memory_order_relaxed);
+  // Only the writer changes state_ while kWriter is set; kRecent stays. The
+  // release order publishes last_unlock_ms_ to readers that see the state.
   state_.store((state & ~kWriter) + kGeneration, std::memory_order_seq_cst);
   if (waiting_readers_.load(std::memory_order_seq_cst) != 0) internal::futex_wake_all(&state_);
   unlock_writers();

@@ -8,9 +8,9 @@
 //   no rseq section, no shared cache line written), then reads the writer
 //   state; unlock_shared() subtracts one from the word of the thread that
 //   calls it. A writer announces itself in the state word, fences every
-//   thread of the process with membarrier(PRIVATE_EXPEDITED), and waits
-//   until the sum of every thread's word (and of the per-CPU counts below)
-//   is zero. The lock meets the standard's SharedLockable and Lockable
+//   thread of the process with membarrier(PRIVATE_EXPEDITED) (see "Writers
+//   in bursts"), and waits until the sum of every thread's word (and of the
+//   per-CPU counts below) is zero. The lock meets the standard's SharedLockable and Lockable
 //   requirements: std::shared_lock, std::unique_lock and std::scoped_lock
 //   work with it.
 //
@@ -20,10 +20,25 @@
 //   an rseq add with rseq, a relaxed fetch_add on the CPU's own line
 //   without).
 //
+// Writers in bursts
+//   A writer that comes while no other writer has come for 10 ms (a lone
+//   writer) pays a membarrier system call, an interrupt to every CPU running
+//   this process: some hundreds of nanoseconds to microseconds. It leaves
+//   readers on their slow path, where each read lock adds a fence (a locked
+//   instruction) and a read of the coarse clock, until a reader finds no
+//   writer in the last 10 ms (by CLOCK_MONOTONIC_COARSE, so 10 ms plus up to
+//   one clock tick); the next writer is then a lone writer again. A writer
+//   that comes within that time (a burst) needs no membarrier: a few atomic
+//   instructions, a read of the coarse clock, and a walk over one word per
+//   thread index claimed so far in the process and two per-CPU arrays. If no
+//   reader comes at all, every later writer is in the burst. With readers
+//   always present, the cost of a write is the membarrier once per burst
+//   and the readers' fences for 10 ms after it.
+//
 // When not to use it
-//   When writes are frequent: each lock() costs a membarrier system call
-//   (an interrupt to every CPU running this process) and a walk over one
-//   word per thread slot and two per-CPU arrays. When you need recursion,
+//   When writes are frequent and spread out, so each comes alone: each such
+//   lock() costs a membarrier, and each one keeps readers fencing for 10 ms
+//   (see "Writers in bursts"). When you need recursion,
 //   upgrades or timed locking: none is offered. When memory is tight: each
 //   mutex maps one cache line per thread slot (internal::kThreadSlots lines)
 //   at its first use, and holds two more per possible CPU.
@@ -159,8 +174,11 @@ class shared_mutex : private internal::fork_participant {
   static constexpr std::uint32_t kUninit = 1;  // mode not chosen yet
   static constexpr std::uint32_t kFences = 2;  // no membarrier: readers fence
   static constexpr std::uint32_t kWriter = 4;  // a writer is announced or holds
-  static constexpr std::uint32_t kSlowBits = kUninit | kFences | kWriter;
-  static constexpr std::uint32_t kGeneration = 8;
+  // A writer came lately: readers fence, so the next writer needs no
+  // membarrier ("Writers in bursts" in shared_mutex.cpp).
+  static constexpr std::uint32_t kRecent = 8;
+  static constexpr std::uint32_t kSlowBits = kUninit | kFences | kWriter | kRecent;
+  static constexpr std::uint32_t kGeneration = 16;
 
   using word = std::atomic<std::int64_t>;
   // TSan's view of the lock (internal/sanitizers.hpp): writers release
@@ -185,7 +203,9 @@ class shared_mutex : private internal::fork_participant {
   PERCPU_LOCAL bool readers_gone() const noexcept;
   PERCPU_LOCAL void lock_writers() noexcept;
   PERCPU_LOCAL void unlock_writers() noexcept;
-  PERCPU_LOCAL void fence_readers(std::uint32_t state) noexcept;
+  PERCPU_LOCAL bool announce_writer() noexcept;
+  PERCPU_LOCAL static void fence_after_readers_gone(bool fenced_only) noexcept;
+  PERCPU_LOCAL void end_recent_if_quiet(std::uint32_t seen) noexcept;
   void before_fork() noexcept override;
   void after_fork() noexcept override;
 
@@ -203,6 +223,9 @@ class shared_mutex : private internal::fork_participant {
   std::atomic<std::uint32_t> drained_{0};
   // Readers asleep behind a writer; the next writer lets them in first.
   std::atomic<std::uint32_t> waiting_readers_{0};
+  // When the last writer unlocked, in milliseconds of CLOCK_MONOTONIC_COARSE
+  // (wrapping): readers end kRecent once it is old enough.
+  std::atomic<std::uint32_t> last_unlock_ms_{0};
   // pthread_self() of the thread holding the write lock, 0 if none: fork()
   // must not wait for writers_ on that thread's behalf.
   std::atomic<std::uintptr_t> writer_thread_{0};

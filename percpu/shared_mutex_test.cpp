@@ -3,8 +3,10 @@
 // and timer signals (a writer's plain pair must never be seen torn), readers
 // that unlock on another CPU, read locks released on another thread,
 // threads beyond the thread slots, progress of writers and readers, fence
-// mode (membarrier hidden), fork with readers holding and with a writer
-// waiting, and the debug-build misuse checks. The mode variants (.glibc, .own,
+// mode (membarrier hidden), writers in bursts (one membarrier a burst, and
+// again after the readers' grace period), lone writers racing fence-free
+// readers, fork with readers holding and with a writer waiting, and the
+// debug-build misuse checks. The mode variants (.glibc, .own,
 // .fallback) run all of it on each path.
 
 #include "percpu/shared_mutex.hpp"
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "percpu/internal/cpu_slots.hpp"
+#include "percpu/internal/thread_slots.hpp"
 #include "tests/stress/stress.hpp"
 
 namespace percpu {
@@ -103,6 +106,31 @@ TEST(SharedMutexTest, WriterWaitsForTheReaderAndNewReadersWaitForTheWriter) {
   EXPECT_EQ(reader_saw.load(), 2) << "a reader that came after a waiting writer went first";
 }
 
+// A read lock on a thread that has just claimed its thread index, the
+// newest in the process, keeps writers out as well as any other: a writer's
+// walk over the readers' words covers every index claimed so far.
+TEST(SharedMutexTest, TheNewestThreadsReadLockKeepsWritersOut) {
+  shared_mutex m;
+  m.lock_shared();  // maps the words; this thread takes its index first
+  m.unlock_shared();
+  for (int i = 0; i < 4; ++i) {
+    std::atomic<int> step{0};
+    std::thread reader([&] {
+      m.lock_shared();
+      step.store(1);
+      while (step.load() != 2) std::this_thread::yield();
+      m.unlock_shared();
+    });
+    while (step.load() != 1) std::this_thread::yield();
+    EXPECT_FALSE(m.try_lock()) << "a writer got in beside a reader on thread index "
+                               << internal::thread_index_limit() - 1 << " (the newest)";
+    step.store(2);
+    reader.join();
+    EXPECT_TRUE(m.try_lock());
+    m.unlock();
+  }
+}
+
 // ---- exclusion under load ----------------------------------------------------
 
 // Written by writers with plain stores, inside the lock only. A reader that
@@ -138,6 +166,9 @@ struct run_options {
   bool signals = false;
   int writers = 2;
   std::chrono::milliseconds length{400};
+  // Between two writes of one writer: longer than the readers' grace period
+  // makes every write a lone writer's, against readers back on the fast path.
+  std::chrono::milliseconds writer_pause{0};
 };
 
 struct run_result {
@@ -171,6 +202,8 @@ run_result hammer(shared_mutex& m, const run_options& options) {
           for (int i = 0; i < 50; ++i) std::atomic_signal_fence(std::memory_order_seq_cst);
           pair.second = pair.first;
           ++mine;
+          lock.unlock();
+          if (options.writer_pause.count() > 0) std::this_thread::sleep_for(options.writer_pause);
         } else {
           std::shared_lock<shared_mutex> lock(m);
           const std::uint64_t a = *static_cast<volatile std::uint64_t*>(&pair.first);
@@ -244,6 +277,85 @@ TEST(SharedMutexStressTest, FenceModeWithoutMembarrier) {
   EXPECT_EQ(r.torn, 0);
   EXPECT_GT(r.writes, 0);
   EXPECT_EQ(internal::fence_count(), fences_before) << "a fence-mode writer issued membarrier";
+}
+
+// ---- writers in bursts (shared_mutex.cpp, "Writers in bursts") ---------------
+
+// Longer than the grace period after a writer (kRecentMs) plus a tick of the
+// coarse clock at HZ=100.
+constexpr std::chrono::milliseconds kPastTheGracePeriod{40};
+
+// The first writer fences every thread with membarrier; writers after it,
+// while readers are still on their fenced path, need none, whether or not
+// readers come in between. Where membarrier is missing the mutex is in fence
+// mode and no writer issues one (FenceModeWithoutMembarrier).
+TEST(SharedMutexTest, WritersInABurstPayOneMembarrier) {
+  if (!internal::barrier_available()) GTEST_SKIP() << "no membarrier here: fence mode";
+  shared_mutex m;
+  const unsigned long before = internal::fence_count();
+  m.lock();
+  m.unlock();
+  const unsigned long first = internal::fence_count() - before;
+  EXPECT_GE(first, 1u) << "the first writer did not fence the readers";
+  for (int i = 0; i < 100; ++i) {
+    m.lock();
+    m.unlock();
+    m.lock_shared();
+    m.unlock_shared();
+    EXPECT_TRUE(m.try_lock());
+    m.unlock();
+  }
+  EXPECT_EQ(internal::fence_count() - before, first) << "a writer in the burst issued membarrier";
+}
+
+// Readers end the burst once the last writer is older than the grace
+// period; the next writer then pays membarrier again. Without a reader in
+// between nothing ends it, and the next writer still needs none.
+TEST(SharedMutexTest, ReadersEndTheBurstAfterTheGracePeriod) {
+  if (!internal::barrier_available()) GTEST_SKIP() << "no membarrier here: fence mode";
+  shared_mutex m;
+  m.lock();
+  m.unlock();
+  unsigned long before = internal::fence_count();
+  std::this_thread::sleep_for(kPastTheGracePeriod);
+  m.lock();  // no reader came: readers are still on their fenced path
+  m.unlock();
+  EXPECT_EQ(internal::fence_count(), before) << "no reader ended the burst, yet the writer fenced";
+
+  std::this_thread::sleep_for(kPastTheGracePeriod);
+  m.lock_shared();  // ends the burst
+  m.unlock_shared();
+  before = internal::fence_count();
+  m.lock();
+  m.unlock();
+  EXPECT_GT(internal::fence_count(), before) << "after the grace period a writer must fence";
+
+  before = internal::fence_count();
+  m.lock_shared();  // within the grace period of that writer: still fenced
+  m.unlock_shared();
+  m.lock();
+  m.unlock();
+  EXPECT_EQ(internal::fence_count(), before) << "a reader ended the burst too early";
+}
+
+// Writers far apart, so each one finds readers back on their fence-free
+// path and must use membarrier: the exclusion test of the plain design.
+TEST(SharedMutexStressTest, LoneWritersAgainstFenceFreeReaders) {
+  shared_mutex m;
+  const unsigned long before = internal::fence_count();
+  run_options options;
+  options.flip_affinity = true;
+  options.writer_pause = kPastTheGracePeriod;
+  options.length = std::chrono::milliseconds(1200);
+  const run_result r = hammer(m, options);
+  EXPECT_EQ(r.torn, 0);
+  EXPECT_GT(r.writes, 0);
+  if (internal::barrier_available()) {
+    // Each writer pauses past the grace period and readers run all along,
+    // so most writes start a burst of their own.
+    EXPECT_GE(internal::fence_count() - before, static_cast<unsigned long>(r.writes) / 2)
+        << "writers far apart did not fence with membarrier";
+  }
 }
 
 // Writers keep coming, so readers must still get in between them; and a

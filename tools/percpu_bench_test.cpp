@@ -555,7 +555,7 @@ TEST(PercpuBenchStructures, TableJsonAndSvgHoldEveryRow) {
 
   const std::vector<std::string> kinds = {"counter_add", "free_list_push_pop",
                                           "object_pool_allocate_deallocate", "shared_mutex_read",
-                                          "ref_get_put"};
+                                          "shared_mutex_write", "ref_get_put"};
   const json& rows = root.at("structures");
   ASSERT_EQ(rows.size(), kinds.size() * 2);
   // This process's rseq decides whether the "with rseq" column can exist;

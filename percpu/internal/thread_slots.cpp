@@ -18,6 +18,16 @@ namespace {
 
 // tid of the thread holding each index, 0 when free.
 int g_thread_owner[kThreadSlots];
+// See thread_index_limit().
+int g_thread_index_limit = 0;
+
+void raise_thread_index_limit(int index) noexcept {
+  int limit = __atomic_load_n(&g_thread_index_limit, __ATOMIC_RELAXED);
+  while (limit <= index && !__atomic_compare_exchange_n(&g_thread_index_limit, &limit, index + 1,
+                                                        true, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
+  }
+}
+
 int claim_one_index() noexcept {
   const int saved_errno = errno;
   const int tid = static_cast<int>(syscall(SYS_gettid));
@@ -32,6 +42,7 @@ int claim_one_index() noexcept {
       if (__atomic_compare_exchange_n(&g_thread_owner[i], &owner, tid, false, __ATOMIC_ACQ_REL,
                                       __ATOMIC_RELAXED)) {
         found = i;
+        raise_thread_index_limit(i);
       }
     }
   }
@@ -65,6 +76,8 @@ int claim_thread_index() noexcept {
   t_thread_index_plus_one = index >= 0 ? index + 1 : -1;
   return index;
 }
+
+int thread_index_limit() noexcept { return __atomic_load_n(&g_thread_index_limit, __ATOMIC_ACQUIRE); }
 
 bool thread_slots_usable() noexcept {
 #if defined(__SANITIZE_THREAD__)

@@ -74,6 +74,14 @@ PERCPU_EXPORT int claim_thread_index() noexcept;
   if (__builtin_expect(plus_one > 0, 1)) return plus_one - 1;
   return plus_one < 0 ? -1 : claim_thread_index();
 }
+// One more than the highest index any thread of this process (or of the
+// parent before a fork) has claimed: every index a thread holds or held is
+// below it, so a walk over every thread's slot may stop there. It only
+// grows. A thread publishes it (release) before claim_thread_index()
+// returns, so before the thread's first write to a slot of that index: a
+// walker that sees such a write through a fence or a barrier sees the bound
+// that covers it.
+[[nodiscard]] int thread_index_limit() noexcept;
 // Whether structures may use thread slots in this process.
 [[nodiscard]] bool thread_slots_usable() noexcept;
 // A structure's array of kThreadSlots thread slots, each holding the empty
