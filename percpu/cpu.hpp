@@ -86,7 +86,11 @@ enum class rseq_owner {
   percpu,  // percpu registers each thread's area on first use
   other,   // another library (librseq, tcmalloc...) registered this thread
            // first; percpu reads its area, and runs sections on it when it
-           // was registered with the common signature
+           // was registered with the common signature. Where the library
+           // publishes librseq's rseq_offset, cpu_id() reads the area inline
+           // (and sections run inline with the common signature); threads
+           // that library left alone get percpu's own registration, answered
+           // out of line.
 };
 const char* to_string(rseq_owner owner) noexcept;
 

@@ -4,7 +4,8 @@
 # percpu beside librseq in one process (benchmarks/librseq/side_by_side.cpp):
 # cpu_id(), counter::add(), per_cpu<T>::add() and counter::load() against
 # librseq's read, add and sum, 9 alternating rounds by default, in a default
-# -O2 build and again with -falign-loops=64.
+# -O2 build and again with -falign-loops=64; each build twice, with glibc
+# registering rseq and with librseq registering it first (glibc's off).
 #
 # LIBRSEQ_CLONE is a clone of https://github.com/compudj/librseq that you
 # made; it is built here (autotools) into build/librseq/prefix. Debian does
@@ -50,6 +51,11 @@ for flags in "" "-falign-loops=64"; do
   g++ -std=c++17 -O2 $flags -I"$root" -I"$out/prefix/include" "$root/benchmarks/librseq/side_by_side.cpp" \
     "$out/$name.librseq.o" "$out/percpu/percpu/libpercpu.a" "$out/prefix/lib/librseq.a" -lpthread -ldl \
     -o "$out/$name"
-  "$out/$name" "$rounds" "g++ -O2 ${flags:-(default alignment)}"
+  # First with glibc's registration shared by both, then with librseq's own
+  # (glibc's off), which percpu then shares.
+  "$out/$name" "$rounds" "g++ -O2 ${flags:-(default alignment)}; glibc registers rseq"
+  echo
+  GLIBC_TUNABLES=glibc.pthread.rseq=0 "$out/$name" "$rounds" \
+    "g++ -O2 ${flags:-(default alignment)}; librseq registers rseq (GLIBC_TUNABLES=glibc.pthread.rseq=0)"
   echo
 done

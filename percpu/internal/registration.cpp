@@ -120,6 +120,13 @@ struct process_state {
   const unsigned* librseq_size = nullptr;
   bool have_rseq_abi = false;
   std::intptr_t rseq_abi_offset = 0;
+  // librseq's area, once a thread found it registered (see
+  // serve_other_area()): its thread-pointer offset (0: none), the length it
+  // is registered with, and whether its signature is percpu's. Written once,
+  // offset last.
+  std::atomic<std::intptr_t> other_area{0};
+  unsigned other_length = 0;
+  bool other_sections = false;
   cpu_backend fallback = cpu_backend::syscall;
   vdso_getcpu_fn vdso_getcpu = nullptr;          // cached for the vdso fallback
   forced_backend forced = forced_backend::none;  // PERCPU_BACKEND, force_backend()
@@ -516,6 +523,40 @@ bool shows_current_cpu(const rseq_area* area) {
   return false;
 }
 
+// The inline paths read librseq's area from then on, as they read glibc's:
+// librseq publishes, in rseq_offset, the thread-pointer offset of an area in
+// static TLS, the same in every thread, and the kernel keeps its cpu_id at -1
+// on the threads librseq has not registered (or unregistered), so the inline
+// check sends those threads to the slow path, which serves them from
+// percpu's own registration as before. Sections read their area the same
+// way, so the area is aimed at only when its signature is percpu's; with
+// another signature only cpu_id() reads it, and sections stay off on its
+// threads (the slow path decides, from percpu's own, unregistered, area).
+// node_id() and concurrency_id() keep their paths: the kernel leaves those
+// fields of an unregistered area at 0, which the inline check would accept.
+// A __rseq_abi found by dlsym is not aimed at: nothing says it sits in
+// static TLS for every thread. Once per process; later calls do nothing.
+void serve_other_area(std::intptr_t offset, unsigned length, bool same_signature) noexcept {
+  if (__atomic_load_n(&g_fast_path.area, __ATOMIC_RELAXED) != tp_offset_of(&own_area)) return;
+  static std::atomic<bool> claimed{false};
+  if (claimed.exchange(true, std::memory_order_acq_rel)) return;
+  g_state.other_length = length;
+  g_state.other_sections = same_signature;
+  g_state.other_area.store(offset, std::memory_order_release);
+  // Each offset is one aligned word, so a reader pairs an old and a new one
+  // at worst: either leads to a word that is a thread's registered cpu_id or
+  // to -1 (the slow path), and a section checks the cpu_id of the very area
+  // it arms (rseq_cs.hpp).
+  __atomic_store_n(&g_fast_path.cpu_id, offset + kCpuIdOffset, __ATOMIC_RELAXED);
+  if (same_signature) __atomic_store_n(&g_fast_path.area, offset, __ATOMIC_RELAXED);
+}
+
+// Whether `area` is the other library's area the inline paths read.
+bool is_served_other_area(const rseq_area* area) noexcept {
+  const std::intptr_t offset = g_state.other_area.load(std::memory_order_acquire);
+  return offset != 0 && area == reinterpret_cast<const rseq_area*>(thread_pointer() + offset);
+}
+
 // After percpu's registration met another library's: finds that library's
 // area through the conventions found at start-up, and shares it for this
 // thread if the kernel confirms it is the thread's registration and it shows
@@ -545,6 +586,7 @@ bool adopt_other_area() noexcept {
     shared_length = length;
     shared_sections = same_signature;
     adopted = true;
+    if (&c == &candidates[0]) serve_other_area(c.offset, length, same_signature);
     break;
   }
   errno = saved_errno;
@@ -604,13 +646,17 @@ bool register_this_thread() noexcept {
 
 // The area whose ids the kernel keeps current for the calling thread, after
 // registering the thread if that is percpu's job and has not been tried yet:
-// the serving area (glibc's or percpu's own), another library's area this
-// thread shares, or nullptr.
+// the serving area (glibc's, percpu's own, or librseq's once the fast path
+// reads it: serve_other_area()), another library's area this thread shares,
+// or nullptr.
 rseq_area* thread_rseq_area() noexcept {
   if (!ensure_initialized()) return nullptr;
-  if (load_tp_relative_i32(g_fast_path.cpu_id) >= 0) return serving_rseq_area();
+  rseq_area* serving = serving_rseq_area();
+  if (*reinterpret_cast<volatile const std::int32_t*>(&serving->cpu_id) >= 0) return serving;
   if (g_state.owner.load(std::memory_order_relaxed) != rseq_owner::percpu) return nullptr;
-  if (g_fast_path.area != tp_offset_of(&own_area)) return nullptr;
+  // percpu registers its own area where the fast path aims at it, or at
+  // librseq's on a thread librseq left alone; not under a forced fallback.
+  if (serving != &own_area.area && !is_served_other_area(serving)) return nullptr;
   if (!register_this_thread()) return nullptr;
   rseq_area* area = registration == thread_registration::shared ? shared_area : &own_area.area;
   return *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id) >= 0 ? area : nullptr;
@@ -820,6 +866,7 @@ unsigned rseq_registration_length() noexcept {
   if (area == nullptr) return 0;
   if (area == &own_area.area) return g_state.own_length;
   if (area == shared_area) return shared_length;
+  if (is_served_other_area(area)) return g_state.other_length;
   // glibc's: ask the kernel (see kernel_confirms()).
   const int saved_errno = errno;
   unsigned length = 0;
@@ -876,7 +923,10 @@ rseq_owner rseq_ownership() noexcept {
   // percpu "owns" rseq only if registration works here; ask on this thread.
   if (internal::g_state.owner == rseq_owner::percpu) {
     const internal::rseq_area* area = internal::thread_rseq_area();
-    if (area != nullptr && area == internal::shared_area) return rseq_owner::other;
+    if (area != nullptr &&
+        (area == internal::shared_area || internal::is_served_other_area(area))) {
+      return rseq_owner::other;
+    }
     if (area == nullptr && internal::registration_error != 0) return rseq_owner::none;
   }
   return internal::g_state.owner;
