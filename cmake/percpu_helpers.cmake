@@ -38,6 +38,12 @@
 #       PERCPU_X86_64_EMULATOR -cpu max (an emulated CPU with RDPID, no rseq),
 #       unforced and with PERCPU_BACKEND=rdpid, both demanding the rdpid
 #       backend: the RDPID backend's coverage on hosts whose CPU lacks it.
+#       And t.emulated_no_rdpid and t.emulated_no_rdpid_forced, under
+#       -cpu qemu64 (neither RDPID nor RDTSCP), unforced and with
+#       PERCPU_BACKEND=rdpid: a host without RDPID on any machine, whose
+#       vDSO getcpu (qemu-user's own) answers CPU 0 on every CPU, so each
+#       must end on what the host offers, the system call where more than
+#       CPU 0 is allowed.
 #   percpu_check_sections(target...)
 #       the targets hold rseq critical sections: tests/rseq_sections_check
 #       verifies their tables (every binary of the build that has any).
@@ -208,6 +214,14 @@ function(percpu_add_emulated_tests)
   percpu_add_test(NAME ${E_TARGET}.emulated_rdpid COMMAND ${_command} MODE forced
     LABELS ${E_LABELS} emulated
     ENV PERCPU_BACKEND=rdpid PERCPU_EXPECT_BACKEND=rdpid PERCPU_EXPECT_SECTIONS=fallback_forced
+        ${_filter})
+  set(_command ${PERCPU_X86_64_EMULATOR} -cpu qemu64 $<TARGET_FILE:${_target}>)
+  percpu_add_test(NAME ${E_TARGET}.emulated_no_rdpid COMMAND ${_command} MODE fallback
+    LABELS ${E_LABELS} emulated
+    ENV PERCPU_EXPECT_OWNER=none PERCPU_EXPECT_SECTIONS=no_rseq ${_filter})
+  percpu_add_test(NAME ${E_TARGET}.emulated_no_rdpid_forced COMMAND ${_command} MODE forced
+    LABELS ${E_LABELS} emulated
+    ENV PERCPU_BACKEND=rdpid PERCPU_EXPECT_BACKEND=forced PERCPU_EXPECT_SECTIONS=fallback_forced
         ${_filter})
 endfunction()
 

@@ -21,8 +21,11 @@
 //      registers an area of its own, lazily, on the thread's first call.
 //   2. Without rseq (old kernel, seccomp, valgrind, qemu-user), one fallback
 //      chosen once per process, fastest correct first: RDPID (x86-64, when
-//      CPUID has it and it agrees with getcpu), the vDSO getcpu, then the
-//      getcpu system call.
+//      CPUID has it and it agrees with getcpu), the vDSO getcpu (when it
+//      agrees), then the getcpu system call. An agreement on CPU 0 is
+//      checked again on another allowed CPU, the thread moved there for the
+//      while and then given its mask back: qemu-user's vDSO getcpu answers
+//      0 on every CPU.
 //   PERCPU_BACKEND=rseq|rdpid|vdso|syscall in the environment forces one; an
 //   unavailable choice prints one line on stderr and falls to the next.
 //   Nothing here aborts. If even the system call fails, cpu_id() returns 0,

@@ -44,33 +44,70 @@ bool cpu_has_rdpid() noexcept {
 
 // RDPID returns IA32_TSC_AUX, which Linux sets to (node << 12) | cpu on every
 // CPU. A hypervisor may leave it unset or stale, so it is trusted only if it
-// agrees with the kernel: two RDPIDs around a getcpu must match it.
-bool rdpid_agrees_with_kernel() noexcept {
+// agrees with the kernel: two RDPIDs around a getcpu must match it. Sets the
+// CPU it agreed on.
+bool rdpid_agrees_here(unsigned* agreed) noexcept {
   for (int attempt = 0; attempt < 16; ++attempt) {
     const unsigned before = raw_rdpid();
     unsigned cpu = 0, node = 0;
     if (raw_syscall_getcpu(&cpu, &node) != 0) return false;
     const unsigned after = raw_rdpid();
     if (before != after) continue;  // migrated in between; ask again
+    *agreed = cpu;
     return (before & kRdpidCpuMask) == cpu && (before >> kRdpidNodeShift) == node;
   }
   return false;
 }
 #endif
 
-bool vdso_agrees_with_kernel() noexcept {
+bool vdso_agrees_here(unsigned* agreed) noexcept {
   for (int attempt = 0; attempt < 16; ++attempt) {
     unsigned before = 0, after = 0, cpu = 0;
     if (raw_vdso_getcpu(&before, nullptr) != 0) return false;
     if (raw_syscall_getcpu(&cpu, nullptr) != 0) return false;
     if (raw_vdso_getcpu(&after, nullptr) != 0) return false;
     if (before != after) continue;
+    *agreed = cpu;
     return before == cpu;
   }
   return false;
 }
 
 }  // namespace
+
+// An answer checked on one CPU can be a constant that happens to name it:
+// qemu-user's x86-64 vDSO getcpu answers CPU 0 on every CPU, and a
+// hypervisor that never sets TSC_AUX leaves RDPID at 0 everywhere. So an
+// agreement on CPU 0 is checked once more on another allowed CPU, the
+// calling thread moved there for the while (raw system calls) and then given
+// its mask back. Where that cannot be done (CPU 0 is the only one allowed,
+// the affinity calls are refused, a kernel with more than 1024 CPUs) the
+// one agreement stands. A stub that answers another constant C is caught
+// only when start-up runs elsewhere than on C. Should another thread change
+// this thread's affinity meanwhile, the mask given back is the one read here.
+bool agrees_on_cpu_0_and_another(bool (*agrees_here)(unsigned*)) noexcept {
+  unsigned agreed = 0;
+  if (!agrees_here(&agreed)) return false;
+  if (agreed != 0) return true;
+  const int saved_errno = errno;
+  unsigned long allowed[16] = {};  // 1024 CPUs
+  const long bytes = syscall(SYS_sched_getaffinity, 0, sizeof(allowed), allowed);
+  bool ok = true;
+  int other = -1;
+  for (long bit = 1; bytes > 0 && bit < bytes * 8 && other < 0; ++bit) {
+    if ((allowed[bit / 64] >> (bit % 64)) & 1) other = static_cast<int>(bit);
+  }
+  if (other > 0) {
+    unsigned long one[16] = {};
+    one[other / 64] = 1ul << (other % 64);
+    if (syscall(SYS_sched_setaffinity, 0, bytes, one) == 0) {
+      ok = agrees_here(&agreed) && agreed == static_cast<unsigned>(other);
+      syscall(SYS_sched_setaffinity, 0, bytes, allowed);
+    }
+  }
+  errno = saved_errno;
+  return ok;
+}
 
 int raw_vdso_getcpu(unsigned* cpu, unsigned* node) noexcept {
   const vdso_getcpu_fn f = vdso_getcpu_function();
@@ -95,7 +132,7 @@ bool fallback_usable(cpu_backend backend, const char** why) noexcept {
 #if defined(__x86_64__)
       if (!cpu_has_rdpid()) {
         reason = "the CPU does not report RDPID";
-      } else if (!rdpid_agrees_with_kernel()) {
+      } else if (!agrees_on_cpu_0_and_another(rdpid_agrees_here)) {
         reason = "RDPID disagrees with getcpu (TSC_AUX not maintained)";
       }
 #else
@@ -105,7 +142,7 @@ bool fallback_usable(cpu_backend backend, const char** why) noexcept {
     case cpu_backend::vdso:
       if (vdso_getcpu_function() == nullptr) {
         reason = "this kernel's vDSO has no getcpu";
-      } else if (!vdso_agrees_with_kernel()) {
+      } else if (!agrees_on_cpu_0_and_another(vdso_agrees_here)) {
         reason = "the vDSO getcpu disagrees with the system call";
       }
       break;

@@ -34,6 +34,14 @@ vdso_getcpu_fn vdso_getcpu_function() noexcept;
 int raw_vdso_getcpu(unsigned* cpu, unsigned* node) noexcept;     // errno value or 0 (ENOSYS: none)
 int raw_syscall_getcpu(unsigned* cpu, unsigned* node) noexcept;  // errno value or 0
 
+// How fallback_usable() trusts RDPID and the vDSO: `agrees_here` compares
+// the source with the getcpu system call on the CPU it runs on and sets the
+// CPU it agreed on. An agreement on CPU 0 is checked again on another
+// allowed CPU, the calling thread moved there for the while, since a stub
+// answering 0 everywhere agrees on CPU 0 (fallback.cpp says where the one
+// agreement has to stand).
+bool agrees_on_cpu_0_and_another(bool (*agrees_here)(unsigned* agreed)) noexcept;
+
 // A CPU id in [0, max_cpus()) for a thread without rseq to pick the slot it
 // tries first. Where the fallback answers without a system call (RDPID, the
 // vDSO) it is cpu_id(); where the fallback is the getcpu system call (arm64
