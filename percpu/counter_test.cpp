@@ -189,15 +189,8 @@ TEST(CounterTest, AHundredThousandCountersTakeBytesEach) {
   for (long i = 0; i < kCounters; ++i) {
     cpu0_pages.insert(reinterpret_cast<std::uintptr_t>(mapped_slots(counters[i])) & ~(page - 1));
   }
-  long present = 0;
-  for (std::uintptr_t p : cpu0_pages) {
-    for (int cpu = 0; cpu < max_cpus(); ++cpu) {
-      const long pages = test::present_pages(
-          internal::stride_copy(reinterpret_cast<char*>(p), static_cast<unsigned>(cpu)), page);
-      ASSERT_GE(pages, 0);
-      present += pages;
-    }
-  }
+  const long present = test::present_stride_pages(cpu0_pages, max_cpus());
+  ASSERT_GE(present, 0);
   const double per_counter = static_cast<double>(present * page) / kCounters;
   std::printf("%ld counters, each added to once: %.1f bytes of per-CPU memory each "
               "(%ld pages), plus %zu bytes of the counter itself; %d possible CPUs\n",

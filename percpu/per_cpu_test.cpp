@@ -396,15 +396,8 @@ TEST(PerCpuTest, AHundredThousandObjectsTakeBytesEach) {
       if (void* base = set->load()) first_pages.insert(reinterpret_cast<std::uintptr_t>(base) & ~(page - 1));
     }
   }
-  long present = 0;
-  for (std::uintptr_t p : first_pages) {
-    for (int cpu = 0; cpu < max_cpus(); ++cpu) {
-      const long pages = test::present_pages(
-          internal::stride_copy(reinterpret_cast<char*>(p), static_cast<unsigned>(cpu)), page);
-      ASSERT_GE(pages, 0);
-      present += pages;
-    }
-  }
+  const long present = test::present_stride_pages(first_pages, max_cpus());
+  ASSERT_GE(present, 0);
   const double per_object = static_cast<double>(present * page) / kObjects;
   std::printf("%ld objects of 16 bytes, each updated once: %.1f bytes of per-CPU memory each "
               "(%ld pages), plus %zu bytes of the object; %d possible CPUs\n",

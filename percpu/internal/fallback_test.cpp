@@ -13,20 +13,13 @@
 #include <cerrno>
 #include <vector>
 
+#include "tests/support/expected_backend.hpp"
+
 namespace percpu {
 namespace internal {
 namespace {
 
-std::vector<int> allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  return cpus;
-}
+using test::allowed_cpus;
 
 // The thread's mask, put back at the end of a test.
 class saved_affinity {

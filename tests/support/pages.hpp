@@ -8,7 +8,10 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdint>
+#include <set>
 #include <vector>
+
+#include "percpu/internal/stride_arena.hpp"
 
 namespace percpu {
 namespace test {
@@ -26,6 +29,24 @@ inline long present_pages(const void* begin, std::size_t bytes) {
   if (mincore(reinterpret_cast<void*>(from), pages * page, vec.data()) != 0) return -1;
   long present = 0;
   for (unsigned char v : vec) present += v & 1;
+  return present;
+}
+
+// Pages present in every CPU's copy (internal/stride_arena.hpp) of each
+// page in `cpu0_pages` (CPU 0's pages, page-aligned), over CPUs
+// [0, cpus); -1 when part of one is not mapped. Measure before anything
+// reads them, as present_pages() says.
+inline long present_stride_pages(const std::set<std::uintptr_t>& cpu0_pages, int cpus) {
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  long present = 0;
+  for (std::uintptr_t p : cpu0_pages) {
+    for (int cpu = 0; cpu < cpus; ++cpu) {
+      const long pages = present_pages(
+          internal::stride_copy(reinterpret_cast<char*>(p), static_cast<unsigned>(cpu)), page);
+      if (pages < 0) return -1;
+      present += pages;
+    }
+  }
   return present;
 }
 
