@@ -46,14 +46,29 @@ const char* to_string(sections status) noexcept {
   return "unknown";
 }
 
+namespace {
+// max_cpus() and whether it bounds every id the kernel reports, computed
+// together; a racing second computation stores the same values.
+std::atomic<int> g_max_cpus{0};
+std::atomic<bool> g_max_cpus_bounds_every_id{false};
+}  // namespace
+
 int max_cpus() noexcept {
-  static std::atomic<int> cached{0};
-  int count = cached.load(std::memory_order_relaxed);
+  int count = g_max_cpus.load(std::memory_order_acquire);
   if (count == 0) {
-    count = internal::read_max_cpus();
-    cached.store(count, std::memory_order_relaxed);
+    bool bounds = false;
+    count = internal::read_max_cpus(&bounds);
+    g_max_cpus_bounds_every_id.store(bounds, std::memory_order_relaxed);
+    g_max_cpus.store(count, std::memory_order_release);
   }
   return count;
 }
+
+namespace internal {
+bool max_cpus_bounds_every_id() noexcept {
+  (void)max_cpus();
+  return g_max_cpus_bounds_every_id.load(std::memory_order_relaxed);
+}
+}  // namespace internal
 
 }  // namespace percpu

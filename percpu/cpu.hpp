@@ -166,25 +166,31 @@ namespace internal {
 // Where the inline fast paths look, as offsets from the thread pointer, and
 // the bounds that make a loaded value an answer.
 //
-// Before start-up (constant initialisation: every field 0) the offsets point
-// at the start of the thread control block, and the bounds are 0, so every
-// load is rejected and the caller takes the out-of-line slow path, which runs
-// start-up first. That is what makes the fast paths correct from the first
-// constructor of the process on, whatever the order of constructors and
-// whether percpu sits in a shared library, a PIE, a non-PIE or a static
-// program. Start-up writes the offsets first and the bounds last.
+// The ids (cpu_id, node_id, concurrency_id), where percpu has rseq (x86-64,
+// aarch64): every id offset points at a readable 32-bit word of static TLS
+// in every thread, at every moment from before the first constructor on, and
+// a loaded value is an answer when it is not negative. So the inline path is
+// the offset's load, the word's load and a sign test. The words:
+//   - before start-up, a per-thread area that is never registered and so
+//     holds -1 (the slow path then runs start-up first). These offsets are
+//     not constants: the dynamic linker (or, in a static program, the C
+//     library's start) writes them while it relocates percpu, before any
+//     constructor or other code can run, through the relocation of
+//     `before_startup`, an indirect function whose resolver stores them;
+//   - after start-up, the serving rseq area, whose ids the kernel keeps
+//     below nr_cpu_ids (below max_cpus() where start-up could prove that the
+//     bound covers every id the kernel reports; where it could not, the id
+//     offsets stay at the unregistered area and every call takes the slow
+//     path, which folds ids into range), or -1 before registration and -2
+//     after a failed one; or the unregistered area (forced fallbacks).
+// A caller racing with start-up on another thread reads either word: -1, or
+// an id of its own thread's area. Elsewhere (architectures without rseq) the
+// offsets are constant-initialised to 0 and each id is bounded by its limit,
+// which is 0 until start-up has written the offsets.
 //
-// A caller racing with start-up on another thread (only threads that an
-// earlier constructor started can) may pair an old offset with the new bound;
-// the id it then accepts is below the bound, so still a valid index, though a
-// hint from the wrong word. Critical sections never act on such a pairing
-// (see rseq_area_for_sections in internal/rseq_cs.hpp).
-//
-// After start-up every offset points at a readable 32-bit word of static TLS:
-// the serving rseq area, or a per-thread area that is never registered and
-// so holds -1. A value at or above its bound sends the caller to the slow
-// path; -1 and every other negative value are above any bound once compared
-// unsigned.
+// The critical sections (counter.hpp, rseq_cs.hpp) still bound their CPU by
+// section_limit, 0 before start-up and where sections are off: see
+// rseq_area_for_sections in internal/rseq_cs.hpp.
 struct alignas(64) fast_path_offsets {
   std::intptr_t area;            // the serving struct rseq
   std::intptr_t cpu_id;          // its cpu_id
@@ -200,6 +206,10 @@ struct alignas(64) fast_path_offsets {
   // fallback is RDPID and no thread has an rseq registration of percpu's
   // still to attempt. Keeps that fallback as cheap as the instruction.
   bool rdpid_inline;
+  // Where percpu has rseq: the address of the indirect function whose
+  // relocation aims the id offsets before start-up (see above). Held here
+  // so that no linker can drop the relocation while it keeps the offsets.
+  void (*before_startup)();
 };
 extern fast_path_offsets g_fast_path;
 
@@ -216,21 +226,34 @@ inline bool within(int value, std::uint32_t limit) noexcept {
   return static_cast<std::uint32_t>(value) < limit;
 }
 
+// Whether an id the inline paths loaded is an answer (see fast_path_offsets):
+// not negative where percpu has rseq, below its bound elsewhere (the bound is
+// loaded only there).
+template <std::uint32_t fast_path_offsets::*Limit>
+inline bool id_is_answer(int id) noexcept {
+  if constexpr (kArchHasRseq) {
+    return id >= 0;
+  } else {
+    return within(id, g_fast_path.*Limit);
+  }
+}
+
 // The fast path's rseq cpu_id when it is an answer, or -1: before start-up,
 // on threads without a registered area, and for out-of-range words.
 inline int rseq_cpu_id_or_negative() noexcept {
   const int id = load_tp_relative_i32(g_fast_path.cpu_id);
-  return within(id, g_fast_path.cpu_limit) ? id : -1;
+  return id_is_answer<&fast_path_offsets::cpu_limit>(id) ? id : -1;
 }
 
 }  // namespace internal
 
-// Each fast path is one load and one unsigned compare with its bound (see
-// fast_path_offsets): the thread pointer is read afresh at every call, so a
-// coroutine resumed on another thread reads that thread's area.
+// Each fast path is the offset's load, one load relative to the thread
+// pointer and a sign test (see fast_path_offsets): the thread pointer is
+// read afresh at every call, so a coroutine resumed on another thread reads
+// that thread's area.
 inline int cpu_id() noexcept {
   const int id = internal::load_tp_relative_i32(internal::g_fast_path.cpu_id);
-  if (__builtin_expect(internal::within(id, internal::g_fast_path.cpu_limit), 1)) return id;
+  if (__builtin_expect(internal::id_is_answer<&internal::fast_path_offsets::cpu_limit>(id), 1)) return id;
   if (internal::kArchHasRdpid && internal::g_fast_path.rdpid_inline) {
     return static_cast<int>(internal::rdpid_tsc_aux() & internal::kRdpidCpuMask);
   }
@@ -239,13 +262,13 @@ inline int cpu_id() noexcept {
 
 inline int node_id() noexcept {
   const int id = internal::load_tp_relative_i32(internal::g_fast_path.node_id);
-  if (__builtin_expect(internal::within(id, internal::g_fast_path.node_limit), 1)) return id;
+  if (__builtin_expect(internal::id_is_answer<&internal::fast_path_offsets::node_limit>(id), 1)) return id;
   return internal::node_id_slow();
 }
 
 inline int concurrency_id() noexcept {
   const int id = internal::load_tp_relative_i32(internal::g_fast_path.concurrency_id);
-  if (__builtin_expect(internal::within(id, internal::g_fast_path.cpu_limit), 1)) return id;
+  if (__builtin_expect(internal::id_is_answer<&internal::fast_path_offsets::cpu_limit>(id), 1)) return id;
   return internal::concurrency_id_slow();
 }
 

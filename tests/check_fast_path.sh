@@ -5,9 +5,9 @@
 # runs from the entry to the first return. The check:
 #   - the value is usable (the thread-pointer-relative load has executed)
 #     after at most MAX_INSTRUCTIONS instructions;
-#   - after that load, at most MAX_AFTER instructions before the return: the
-#     bound check (a compare with memory and a branch on x86-64; a load of
-#     the bound, a compare and a branch on aarch64);
+#   - after that load, at most MAX_AFTER instructions before the return, and
+#     none that touches memory: the sign test (test and a branch on x86-64,
+#     tbnz on aarch64), no bound loaded (cpu.hpp, fast_path_offsets);
 #   - no call, lock prefix, system call or barrier anywhere on the path.
 # It prints each fast path it checked, like the arm64 seed's dumps.
 set -eu
@@ -30,6 +30,10 @@ for probe in percpu_probe_cpu_id percpu_probe_node_id percpu_probe_concurrency_i
     echo "FAIL $probe: no thread-pointer-relative load found"; status=1
   elif [ "$usable" -gt "$max" ] || [ $((total - usable)) -gt "$max_after" ]; then
     echo "FAIL $probe: too long"; status=1
+  fi
+  if [ -n "$usable" ] &&
+     printf '%s\n' "$fast" | awk -v from="$usable" 'NR > from' | grep -q '[[(]'; then
+    echo "FAIL $probe: a memory access after the value load"; status=1
   fi
   if printf '%s\n' "$fast" | grep -Eq '(^|[[:space:]])(call|callq|bl|blr|lock|syscall|svc|mfence|dmb|dsb)([[:space:]]|$)'; then
     echo "FAIL $probe: call, lock, syscall or barrier on the fast path"; status=1

@@ -98,6 +98,7 @@ TEST(HiddenSys, MaxCpusBoundsEveryIdWithoutSys) {
   // The bound then comes from the kernel's cpumask, not from a count of CPUs.
   EXPECT_EQ(field(out, "max_cpus"), field(out, "cpumask_bits")) << out;
   EXPECT_GE(field(out, "max_cpus"), percpu::max_cpus());
+  EXPECT_EQ(field(out, "bounds_every_id"), 1) << "the cpumask's size bounds every id: " << out;
 }
 
 TEST(HiddenSys, MaxCpusFollowsASparsePossibleList) {
@@ -109,6 +110,57 @@ TEST(HiddenSys, MaxCpusFollowsASparsePossibleList) {
   std::printf("possible 0-3,8-11: %s", out.c_str());
   EXPECT_EQ(status, 0) << out;
   EXPECT_EQ(field(out, "max_cpus"), 12) << "one more than the highest possible id: " << out;
+  // A file bind-mounted over sysfs's list proves nothing: the inline id
+  // paths then leave every id to the slow path, which keeps it in range.
+  EXPECT_EQ(field(out, "bounds_every_id"), 0) << "a list not read from sysfs was trusted: " << out;
+  EXPECT_EQ(field(out, "ids_in_range"), 1) << out;
+}
+
+// A list that misses CPUs, bind-mounted over sysfs's, read by a start-up
+// that ran on CPU 0 alone: max_cpus() is 1, and once the process widens its
+// mask, every id it is given must still be below 1. Only the slow path,
+// which folds ids into range, may answer then: the inline paths would pass
+// the kernel's CPU 1 through.
+void narrow_start_and_list() {
+  const char* file = "/tmp/percpu-possible-list-0";
+  const int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0 || write(fd, "0\n", 2) != 2) _exit(103);
+  close(fd);
+  if (mount(file, "/sys/devices/system/cpu/possible", nullptr, MS_BIND, nullptr) != 0) _exit(104);
+  cpu_set_t zero;
+  CPU_ZERO(&zero);
+  CPU_SET(0, &zero);
+  if (sched_setaffinity(0, sizeof(zero), &zero) != 0) _exit(105);
+  setenv("PERCPU_PROBE_WIDEN", "1", 1);
+}
+
+TEST(HiddenSys, AListThatMissesCpusLeavesIdsInRangeWhenTheMaskWidens) {
+  ASSERT_FALSE(probe_path().empty()) << "no max_cpus_probe argument (see tests/CMakeLists.txt)";
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  if (!CPU_ISSET(0, &allowed) || CPU_COUNT(&allowed) < 2) {
+    GTEST_SKIP() << "needs CPU 0 and another CPU allowed";
+  }
+  int status = 0;
+  const std::string out = run_probe(narrow_start_and_list, &status);
+  skip_if_no_namespace(status);
+  if (IsSkipped()) return;
+  std::printf("possible 0, start-up on CPU 0 alone: %s", out.c_str());
+  EXPECT_EQ(field(out, "max_cpus"), 1) << out;
+  EXPECT_EQ(field(out, "bounds_every_id"), 0) << out;
+  EXPECT_EQ(field(out, "ids_in_range"), 1) << "an id at or above max_cpus() reached the caller: "
+                                           << out;
+  EXPECT_EQ(status, 0) << out;
+}
+
+// The kernel's own list is a proof: the inline id paths read the kernel's ids
+// unbounded (fast_path_offsets in cpu.hpp).
+TEST(HiddenSys, TheKernelsPossibleListBoundsEveryId) {
+  const int fd = open("/sys/devices/system/cpu/possible", O_RDONLY);
+  if (fd < 0) GTEST_SKIP() << "no /sys/devices/system/cpu/possible here";
+  close(fd);
+  EXPECT_TRUE(percpu::internal::max_cpus_bounds_every_id());
 }
 
 TEST(HiddenSys, MaxCpusIsThePossibleListsBound) {

@@ -43,6 +43,7 @@
 #include "percpu/internal/fallback.hpp"
 #include "percpu/internal/nocancel.hpp"
 #include "percpu/internal/rseq_abi.hpp"
+#include "percpu/internal/sysfs.hpp"
 
 // glibc 2.35+ defines these; weak, so linking works against any glibc and a
 // missing definition reads as a null address. (In a dynamic link the version
@@ -56,12 +57,97 @@ extern const std::ptrdiff_t rseq_offset __attribute__((weak));
 extern const unsigned int rseq_size __attribute__((weak));
 }
 
+// ---- Before start-up: the id offsets aimed at the unregistered area --------
+//
+// Where percpu has rseq, the inline id paths accept any value that is not
+// negative (see fast_path_offsets in cpu.hpp), so from the very first call
+// of the process their offsets must lead to a word that holds -1. The
+// offset of unregistered_area from the thread pointer is known only once
+// the dynamic linker has placed percpu's static TLS, so it is stored by the
+// resolver of an indirect function, before_startup, whose address
+// g_fast_path holds: the dynamic linker (or, in a static program, the C
+// library's start) runs that resolver while it relocates the object that
+// holds g_fast_path. Every linker puts that relocation (IRELATIVE) after
+// the one that fills the TLS offset's GOT slot, and glibc applies IRELATIVE
+// relocations after an object's others in any case; no constructor and no
+// code of the program can run before. The resolver reads the offset from
+// that GOT slot (a static link puts it in the instruction), never through
+// the thread pointer, which a static program may not have set up yet. It
+// runs before any sanitizer's runtime, so it is not instrumented, and it
+// stores with plain instructions of its own. It stores into g_fast_path
+// both under its exported name, which a program that copied the variable
+// (a copy relocation) resolves to the program's copy, and under a hidden
+// alias, this library's own copy, which the program's copy relocation, run
+// later, copies from.
+#if defined(__x86_64__) || defined(__aarch64__)
+#if defined(__clang__)
+#define PERCPU_UNINSTRUMENTED \
+  __attribute__((no_sanitize("address", "thread", "memory", "undefined", "hwaddress")))
+#else
+#define PERCPU_UNINSTRUMENTED \
+  __attribute__((no_sanitize_address, no_sanitize_thread, no_sanitize_undefined))
+#endif
+
+extern "C" {
+PERCPU_UNINSTRUMENTED static void percpu_internal_before_startup_target() {}
+
+PERCPU_UNINSTRUMENTED static void store_word(std::intptr_t* at, std::intptr_t value) {
+#if defined(__x86_64__)
+  asm volatile("movq %1, (%0)" : : "r"(at), "r"(value) : "memory");
+#else
+  asm volatile("str %1, [%0]" : : "r"(at), "r"(value) : "memory");
+#endif
+}
+
+__attribute__((used, visibility("hidden"))) PERCPU_UNINSTRUMENTED void (*percpu_internal_before_startup_resolver())() {
+  std::intptr_t base;
+#if defined(__x86_64__)
+  asm("movq percpu_internal_unregistered_area@gottpoff(%%rip), %0" : "=r"(base));
+#else
+  asm("adrp %0, :gottprel:percpu_internal_unregistered_area\n\t"
+      "ldr %0, [%0, #:gottprel_lo12:percpu_internal_unregistered_area]"
+      : "=r"(base));
+#endif
+  // Written out, no loop and no library code: nothing here may call code a
+  // sanitizer instruments, whose runtime is not up yet.
+  extern percpu::internal::fast_path_offsets percpu_internal_g_fast_path_here;
+  percpu::internal::fast_path_offsets* const here = &percpu_internal_g_fast_path_here;
+  percpu::internal::fast_path_offsets* const exported = &percpu::internal::g_fast_path;
+  store_word(&here->cpu_id, base + percpu::internal::kCpuIdOffset);
+  store_word(&here->node_id, base + percpu::internal::kNodeIdOffset);
+  store_word(&here->concurrency_id, base + percpu::internal::kCpuIdOffset);
+  store_word(&exported->cpu_id, base + percpu::internal::kCpuIdOffset);
+  store_word(&exported->node_id, base + percpu::internal::kNodeIdOffset);
+  store_word(&exported->concurrency_id, base + percpu::internal::kCpuIdOffset);
+  return percpu_internal_before_startup_target;
+}
+
+__attribute__((ifunc("percpu_internal_before_startup_resolver"), visibility("hidden"))) void
+percpu_internal_before_startup();
+}  // extern "C"
+#define PERCPU_BEFORE_STARTUP &percpu_internal_before_startup
+#else
+#define PERCPU_BEFORE_STARTUP nullptr
+#endif
+
 namespace percpu {
 namespace internal {
 
-// Constant-initialised to zero: see fast_path_offsets for why that is safe
-// before start-up.
-fast_path_offsets g_fast_path = {0, 0, 0, 0, 0, 0, 0, 0, false};
+// Statically initialised. Its id offsets are 0 only until the relocation
+// of before_startup (above) aims them at the unregistered area; elsewhere
+// they stay 0 until start-up, and the bounds reject every load until then.
+fast_path_offsets g_fast_path = {0, 0, 0, 0, 0, 0, 0, 0, false, PERCPU_BEFORE_STARTUP};
+
+}  // namespace internal
+}  // namespace percpu
+
+// This library's own g_fast_path, whatever a program's copy relocation
+// makes of the exported name (see before_startup above).
+extern "C" percpu::internal::fast_path_offsets percpu_internal_g_fast_path_here
+    __attribute__((alias("_ZN6percpu8internal11g_fast_pathE"), visibility("hidden")));
+
+namespace percpu {
+namespace internal {
 
 namespace {
 
@@ -74,8 +160,10 @@ enum class thread_registration : int { untried, trying, registered, shared, fail
 // The kernel-owned fields hold -1 until the kernel writes them; that value is
 // only the initial image, never a store.
 __thread own_rseq_area own_area PERCPU_STATIC_TLS = {{0, kCpuIdUninitialized, 0, 0, -1, -1}, {}};
-// Never registered: the fast path lands here when a fallback is forced.
-__thread rseq_area unregistered_area PERCPU_STATIC_TLS = {0, kCpuIdUninitialized, 0, 0, -1, -1};
+// Never registered: the fast path lands here before start-up and when a
+// fallback is forced. Named for the assembler, for before_startup's resolver.
+__thread rseq_area unregistered_area __asm__("percpu_internal_unregistered_area")
+    PERCPU_STATIC_TLS = {0, kCpuIdUninitialized, 0, 0, -1, -1};
 __thread thread_registration registration PERCPU_STATIC_TLS = thread_registration::untried;
 __thread int registration_error PERCPU_STATIC_TLS = 0;
 // Another library's area this thread shares (thread_registration::shared),
@@ -197,16 +285,27 @@ cpu_backend choose_fallback(cpu_backend first, bool forced) {
   return chosen;
 }
 
+// Whether the inline id paths may read the kernel's ids: they accept any id
+// that is not negative (cpu.hpp), so max_cpus() must bound every id the
+// kernel reports. Where start-up cannot prove that, they read the
+// unregistered area, and the slow path answers every call, folding ids into
+// range (within_max_cpus below).
+bool inline_ids_need_no_bound() noexcept {
+  return !kArchHasRseq || max_cpus_bounds_every_id();
+}
+
 // Points the fast path at an area: reads of cpu_id, node_id and mm_cid go
-// there when the kernel fills them, and to a word that is always -1 (which
-// sends the caller to the slow path) when it does not.
+// there when the kernel fills them (and inline_ids_need_no_bound()), and to a
+// word that is always -1 (which sends the caller to the slow path) when not.
 void aim_fast_path(std::intptr_t area, unsigned feature_size) {
-  const std::intptr_t always_negative = tp_offset_of(&unregistered_area.node_id);
+  const std::intptr_t unregistered = tp_offset_of(&unregistered_area);
+  const std::intptr_t ids = inline_ids_need_no_bound() ? area : unregistered;
   g_fast_path.area = area;
-  g_fast_path.cpu_id = area + kCpuIdOffset;
-  g_fast_path.node_id = feature_size >= kFeatureSizeNodeId ? area + kNodeIdOffset : always_negative;
+  g_fast_path.cpu_id = ids + kCpuIdOffset;
+  g_fast_path.node_id =
+      feature_size >= kFeatureSizeNodeId ? ids + kNodeIdOffset : unregistered + kNodeIdOffset;
   g_fast_path.concurrency_id =
-      feature_size >= kFeatureSizeMmCid ? area + kMmCidOffset : area + kCpuIdOffset;
+      feature_size >= kFeatureSizeMmCid ? ids + kMmCidOffset : ids + kCpuIdOffset;
 }
 
 // The last step of start-up: the bounds that let the fast paths accept what
@@ -224,10 +323,13 @@ void open_fast_path() {
 
 // Every change of owner or fallback goes through here, so the inline RDPID
 // shortcut never skips a registration that is still due.
+// RDPID's CPU is bounded by nothing inline either, so the shortcut needs the
+// same proof as the inline ids (inline_ids_need_no_bound()).
 void set_owner_and_fallback(rseq_owner owner, cpu_backend fallback) {
   g_state.fallback = fallback;
   g_state.owner.store(owner, std::memory_order_relaxed);
-  g_fast_path.rdpid_inline = fallback == cpu_backend::rdpid && owner != rseq_owner::percpu;
+  g_fast_path.rdpid_inline = fallback == cpu_backend::rdpid && owner != rseq_owner::percpu &&
+                             inline_ids_need_no_bound();
 }
 
 void set_owner(rseq_owner owner) { set_owner_and_fallback(owner, g_state.fallback); }
@@ -547,7 +649,9 @@ void serve_other_area(std::intptr_t offset, unsigned length, bool same_signature
   // at worst: either leads to a word that is a thread's registered cpu_id or
   // to -1 (the slow path), and a section checks the cpu_id of the very area
   // it arms (rseq_cs.hpp).
-  __atomic_store_n(&g_fast_path.cpu_id, offset + kCpuIdOffset, __ATOMIC_RELAXED);
+  if (inline_ids_need_no_bound()) {
+    __atomic_store_n(&g_fast_path.cpu_id, offset + kCpuIdOffset, __ATOMIC_RELAXED);
+  }
   if (same_signature) __atomic_store_n(&g_fast_path.area, offset, __ATOMIC_RELAXED);
 }
 
