@@ -26,8 +26,8 @@
 //   this process: some hundreds of nanoseconds to microseconds. It leaves
 //   readers on their slow path, where each read lock adds a fence (a locked
 //   instruction) and a read of the coarse clock, until a reader finds no
-//   writer in the last 10 ms (by CLOCK_MONOTONIC_COARSE, so 10 ms plus up to
-//   one clock tick); the next writer is then a lone writer again. A writer
+//   writer in the last 10 ms (by CLOCK_MONOTONIC_COARSE, so 10 ms give or
+//   take one clock tick); the next writer is then a lone writer again. A writer
 //   that comes within that time (a burst) needs no membarrier: a few atomic
 //   instructions, a read of the coarse clock, and a walk over one word per
 //   thread index claimed so far in the process and two per-CPU arrays. If no
