@@ -25,12 +25,16 @@ unsigned stride_arena::regions() const noexcept {
   return fixed_regions_ != 0 ? fixed_regions_ : static_cast<unsigned>(max_cpus());
 }
 
-// Reserved, zero-filled, populated page by page as CPUs touch it. Keeps
-// errno (the callers promise to).
+// Reserved, zero-filled, populated page by page as CPUs touch it, and never
+// by transparent huge pages: one would fill a whole 2 MiB (several regions,
+// of CPUs that never ran) at the touch of one copy, where the kernel backs
+// anonymous memory with them always (the aarch64-system lane's VM once did,
+// under the stride arena's own test). Keeps errno (the callers promise to).
 char* stride_arena::map_chunk() const noexcept {
   const int saved_errno = errno;
   void* memory = mmap(nullptr, regions() * kStride, PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (memory != MAP_FAILED) (void)madvise(memory, regions() * kStride, MADV_NOHUGEPAGE);
   errno = saved_errno;
   return memory == MAP_FAILED ? nullptr : static_cast<char*>(memory);
 }
