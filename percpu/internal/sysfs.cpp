@@ -44,7 +44,7 @@ int cpu_list_bound(const char* text) noexcept {
 // it can ever report. Grows the buffer until it fits. Sets *highest to the
 // highest CPU the calling thread may run on (-1 if none was read).
 int kernel_cpumask_bits(int* highest) noexcept {
-  unsigned long stack_mask[16];
+  unsigned long stack_mask[16] = {};  // zeroed: a sanitizer cannot see the raw call fill it
   const int saved_errno = errno;
   *highest = -1;
   long bytes = syscall(SYS_sched_getaffinity, 0, sizeof(stack_mask), stack_mask);
