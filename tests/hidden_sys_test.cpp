@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -74,13 +75,17 @@ void hide_sys() {
   if (mount("none", "/sys", "tmpfs", 0, nullptr) != 0) _exit(102);
 }
 
-void sparse_possible() {
-  const char* file = "/tmp/percpu-possible-list";
+// In the probe's namespace: `list` written to `file` and bind-mounted over
+// sysfs's list of possible CPUs.
+void bind_possible_list(const char* file, const char* list) {
   const int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, "0-3,8-11\n", 9) != 9) _exit(103);
+  const ssize_t length = static_cast<ssize_t>(strlen(list));
+  if (fd < 0 || write(fd, list, length) != length) _exit(103);
   close(fd);
   if (mount(file, "/sys/devices/system/cpu/possible", nullptr, MS_BIND, nullptr) != 0) _exit(104);
 }
+
+void sparse_possible() { bind_possible_list("/tmp/percpu-possible-list", "0-3,8-11\n"); }
 
 void skip_if_no_namespace(int status) {
   if (status == -1) GTEST_SKIP() << "cannot make a mount namespace here (needs root)";
@@ -122,11 +127,7 @@ TEST(HiddenSys, MaxCpusFollowsASparsePossibleList) {
 // which folds ids into range, may answer then: the inline paths would pass
 // the kernel's CPU 1 through.
 void narrow_start_and_list() {
-  const char* file = "/tmp/percpu-possible-list-0";
-  const int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || write(fd, "0\n", 2) != 2) _exit(103);
-  close(fd);
-  if (mount(file, "/sys/devices/system/cpu/possible", nullptr, MS_BIND, nullptr) != 0) _exit(104);
+  bind_possible_list("/tmp/percpu-possible-list-0", "0\n");
   cpu_set_t zero;
   CPU_ZERO(&zero);
   CPU_SET(0, &zero);
