@@ -71,10 +71,9 @@ counter::slot_words* counter::allocate() noexcept {
 void counter::add_slow(std::int64_t delta) noexcept {
   using internal::index_kind;
   slot_words* s = slots_.load(std::memory_order_acquire);
-  // A mapped block lets add()'s inline path arm a section through
-  // g_fast_path.area, so no block is mapped before start-up has aimed it;
-  // the only add that can find start-up still running (in another thread,
-  // or in the code this signal handler interrupted) counts on the side.
+  // The slots are max_cpus() copies, known once start-up has run; the only
+  // add that can find start-up still running (in another thread, or in the
+  // code this signal handler interrupted) counts on the side.
   if (s == nullptr && internal::ensure_initialized()) s = allocate();
   if (s == nullptr) {
     unmapped_.fetch_add(delta, std::memory_order_relaxed);

@@ -133,44 +133,32 @@ class counter {
   void add_slow(std::int64_t delta) noexcept;
 
   // CPU 0's slot, or nullptr until the first add() takes the slots. There
-  // are always max_cpus() slots, so the hot path bounds the CPU with the
-  // process-wide g_fast_path.section_limit (max_cpus(); 0 before start-up
-  // and where sections are off): the pointer and the bound are independent
-  // loads.
-  // The bound is read first with acquire order and start-up writes it last,
-  // so an accepted CPU comes with the area offset start-up wrote.
+  // are always max_cpus() slots, and the hot path's section commits only on
+  // a CPU below max_cpus() (internal/rseq_cs.hpp, start_section()).
   std::atomic<slot_words*> slots_{nullptr};
   // Adds made when no block could be mapped.
   std::atomic<std::int64_t> unmapped_{0};
 };
 
-// The hot path: one section indexed by cpu_id that commits with a single add
-// to the slot's rseq word. The unsigned compare with the process-wide bound
-// also rejects a negative cpu_id, which is what an unregistered area holds,
-// and everything before start-up (the bound is 0 then): such a thread goes to
-// add_slow(), as does the first add(). The fall-through is the section, so
-// the common case runs straight down with no taken branch.
+// The hot path: one section, started with no test of the CPU (see
+// start_section() in internal/rseq_cs.hpp), that commits with a single add
+// to the slot's rseq word. Everything that is not a registered thread on a
+// CPU below max_cpus() in a process whose sections are on (before start-up,
+// no rseq, a forced fallback) aborts in the section and goes to add_slow(),
+// as does the first add(), which finds no slots. The fall-through is the
+// section, so the common case runs straight down with no taken branch.
 //
 // slots_ is loaded relaxed: the hot path reads nothing the allocating thread
 // wrote (the slots are zero when handed out), and the slot address depends
 // on the loaded pointer.
 inline void counter::add(std::int64_t delta) noexcept {
-  using internal::index_kind;
-  // The bound first, with acquire order (see rseq_area_for_sections): 0
-  // before start-up and where sections are off.
-  const std::uint32_t limit =
-      __atomic_load_n(&internal::g_fast_path.section_limit, __ATOMIC_ACQUIRE);
+  const internal::section_start start = internal::start_section();
   slot_words* s = slots_.load(std::memory_order_relaxed);
-  internal::rseq_area* area = internal::serving_rseq_area();
-  const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-  if (__builtin_expect(internal::within(cpu, limit), 1) && __builtin_expect(s != nullptr, 1)) {
-    // Unsigned: the index is below the bound, so the zero extension is free.
-    std::intptr_t* word = &internal::stride_copy(s, static_cast<unsigned>(cpu))->by_rseq;
-    if (__builtin_expect(internal::rseq_addv<index_kind::cpu_id>(
-                             area, word, static_cast<std::intptr_t>(delta), cpu) == 0,
-                         1)) {
-      return;
-    }
+  if (__builtin_expect(s != nullptr, 1) &&
+      __builtin_expect(internal::rseq_addv_started(start, &internal::stride_copy_at(s, start)->by_rseq,
+                                                   static_cast<std::intptr_t>(delta)) == 0,
+                       1)) {
+    return;
   }
   add_slow(delta);
 }
@@ -181,15 +169,17 @@ inline void counter::add(std::int64_t delta) noexcept {
 // of slots_ makes that store visible.
 inline std::int64_t counter::load() const noexcept {
   std::int64_t sum = unmapped_.load(std::memory_order_relaxed);
-  const slot_words* slots = slots_.load(std::memory_order_acquire);
-  if (slots == nullptr) return sum;
+  const slot_words* s = slots_.load(std::memory_order_acquire);
+  if (s == nullptr) return sum;
+  // At least 1: start-up's max_cpus(), stored before any slots existed.
   const unsigned count = __atomic_load_n(&internal::g_fast_path.cpu_limit, __ATOMIC_RELAXED);
-  for (unsigned i = 0; i < count; ++i) {
-    const slot_words* s = internal::stride_copy(slots, i);
-    // by_rseq: plain stores of sections on CPU i; read as a relaxed atomic.
+  const slot_words* const end = internal::stride_copy(s, count);
+  do {
+    // by_rseq: plain stores of sections on this slot's CPU; read as a relaxed atomic.
     sum += static_cast<std::int64_t>(__atomic_load_n(&s->by_rseq, __ATOMIC_RELAXED)) +
            s->by_atomic.load(std::memory_order_relaxed);
-  }
+    s = internal::stride_copy(s, 1);
+  } while (s != end);
   return sum;
 }
 

@@ -188,29 +188,36 @@ namespace internal {
 // offsets are constant-initialised to 0 and each id is bounded by its limit,
 // which is 0 until start-up has written the offsets.
 //
-// The critical sections (counter.hpp, rseq_cs.hpp) still bound their CPU by
-// section_limit, 0 before start-up and where sections are off: see
-// rseq_area_for_sections in internal/rseq_cs.hpp.
+// The critical sections arm the area at sections_area, which follows the
+// same rule with one more condition: it is the serving area only where the
+// structures run sections in this process (sections_status()) and its ids
+// need no bound; otherwise, and before start-up, the unregistered area. A
+// section indexed by cpu_id_start (which a hot path reads without a test)
+// then compares it with the area's cpu_id and commits only when the two are
+// equal, so an unregistered area (cpu_id -1 or -2) always aborts: see
+// start_section() in internal/rseq_cs.hpp.
+//
+// The struct is two cache lines (on 64-bit targets); every offset and bound
+// the rseq fast paths read is in the first.
 struct alignas(64) fast_path_offsets {
   std::intptr_t area;            // the serving struct rseq
   std::intptr_t cpu_id;          // its cpu_id
   std::intptr_t node_id;         // its node_id, or a word that is always -1
   std::intptr_t concurrency_id;  // its mm_cid, or its cpu_id
   std::intptr_t section_state;   // the thread's section-user word (cpu_slots.hpp)
+  std::intptr_t sections_area;   // the area sections arm (see above)
   std::uint32_t cpu_limit;       // max_cpus(): bounds cpu_id and concurrency_id
   std::uint32_t node_limit;      // bounds node_id
-  // cpu_limit when the kernel aborts critical sections as documented, 0 when
-  // the structures must take their no-rseq paths (rseq_sections_enabled()).
-  std::uint32_t section_limit;
-  // True when a rejected cpu_id can be answered by RDPID right away: the
-  // fallback is RDPID and no thread has an rseq registration of percpu's
-  // still to attempt. Keeps that fallback as cheap as the instruction.
-  bool rdpid_inline;
   // Where percpu has rseq: the address of the indirect function whose
   // relocation aims the id offsets before start-up (see above). Held here
   // so that no linker can drop the relocation while it keeps the offsets.
   void (*before_startup)();
+  // True when a rejected cpu_id can be answered by RDPID right away: the
+  // fallback is RDPID and no thread has an rseq registration of percpu's
+  // still to attempt. Keeps that fallback as cheap as the instruction.
+  bool rdpid_inline;
 };
+static_assert(sizeof(void*) != 8 || sizeof(fast_path_offsets) == 128, "two cache lines");
 extern fast_path_offsets g_fast_path;
 
 constexpr unsigned kRdpidCpuMask = 0xfff;  // TSC_AUX = (node << 12) | cpu

@@ -238,27 +238,24 @@ per_cpu<T>::~per_cpu() {
   internal::per_cpu_release(&storage_, kCopyBytes, shared_, kSharedWords);
 }
 
-// The hot path, as counter::add: the process-wide bound first, with acquire
-// order (0 before start-up and where sections are off, which sends every
-// update to the library), then one section that adds to this CPU's copy.
+// The hot path, as counter::add: one section started with no test of the
+// CPU (internal/rseq_cs.hpp) that adds to this CPU's copy; everything else
+// (before start-up, no rseq, sections off, no copies yet) aborts there or
+// finds no copies, and goes to the library.
 template <typename T>
 template <typename M>
 inline void per_cpu<T>::add(M T::*field, internal::same_as_t<M> delta) noexcept {
   check_field<M>();
-  using internal::index_kind;
-  const std::uint32_t limit =
-      __atomic_load_n(&internal::g_fast_path.section_limit, __ATOMIC_ACQUIRE);
+  const internal::section_start start = internal::start_section();
   char* copies = static_cast<char*>(storage_.copies.load(std::memory_order_relaxed));
-  internal::rseq_area* area = internal::serving_rseq_area();
-  const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
   const std::size_t offset = offset_of(field);
-  if (__builtin_expect(internal::within(cpu, limit), 1) && __builtin_expect(copies != nullptr, 1)) {
-    auto* word = reinterpret_cast<std::intptr_t*>(
-        internal::stride_copy(copies, static_cast<unsigned>(cpu)) + offset);
-    if (__builtin_expect(
-            internal::rseq_addv<index_kind::cpu_id>(area, word, to_word(delta), cpu) == 0, 1)) {
-      return;
-    }
+  if (__builtin_expect(copies != nullptr, 1) &&
+      __builtin_expect(internal::rseq_addv_started(
+                           start,
+                           reinterpret_cast<std::intptr_t*>(internal::stride_copy_at(copies, start) + offset),
+                           to_word(delta)) == 0,
+                       1)) {
+    return;
   }
   internal::per_cpu_add_slow(&storage_, kCopyBytes, shared_, offset, to_word(delta));
 }

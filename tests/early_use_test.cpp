@@ -26,6 +26,7 @@
 
 #include "percpu/counter.hpp"
 #include "percpu/cpu.hpp"
+#include "percpu/internal/registration.hpp"
 #include "percpu/internal/thread_pointer.hpp"
 
 extern "C" void* __libc_malloc(std::size_t);
@@ -40,6 +41,11 @@ struct early_record {
   int cpu = -100, node = -100, cid = -100;
   std::uintptr_t tcb_words_before[4] = {};
   std::uintptr_t tcb_words_after[4] = {};
+  // Whether start-up had run when the constructor began, and whether the
+  // structures' inline gate then refused every area (it must: the sections'
+  // area is the unregistered one until start-up aims it).
+  bool started_before = false;
+  bool sections_gate_refused = false;
   bool ran = false;
 };
 
@@ -96,6 +102,10 @@ extern "C" int posix_memalign(void** out, std::size_t align, std::size_t size) {
 
 __attribute__((constructor(101))) static void use_percpu_first() {
   read_tcb(g_constructor.tcb_words_before);
+  g_constructor.started_before =
+      percpu::internal::g_init_state.load() != percpu::internal::kInitNotStarted;
+  g_constructor.sections_gate_refused =
+      percpu::internal::sections_area_if_registered() == nullptr;
   g_constructor.cpu = percpu::cpu_id();
   g_constructor.node = percpu::node_id();
   g_constructor.cid = percpu::concurrency_id();
@@ -132,6 +142,20 @@ TEST(EarlyUse, ConstructorBeforePercpusLeftTheThreadControlBlockAlone) {
   // The thread still reaches its TLS (the DTV), and so do new threads.
   std::thread t([] { EXPECT_GE(percpu::cpu_id(), 0); });
   t.join();
+}
+
+// Before start-up the structures' sections must not arm any area: the
+// sections' offset leads to the unregistered area from the first instruction
+// on (0 would lead to the thread control block, whose words a section would
+// take for a registered area and overwrite). In a dynamic program the malloc
+// replacement may have run start-up already; then there is nothing to check.
+TEST(EarlyUse, BeforeStartupTheSectionsGateRefusesEveryArea) {
+  ASSERT_TRUE(g_constructor.ran);
+  if (g_constructor.started_before) {
+    GTEST_SKIP() << "start-up ran before this constructor (the first malloc asked cpu_id())";
+  }
+  EXPECT_TRUE(g_constructor.sections_gate_refused)
+      << "before start-up the sections' area showed a CPU";
 }
 
 TEST(EarlyUse, EarlyAddsAreCounted) {

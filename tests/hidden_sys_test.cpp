@@ -152,6 +152,7 @@ TEST(HiddenSys, AListThatMissesCpusLeavesIdsInRangeWhenTheMaskWidens) {
   EXPECT_EQ(field(out, "bounds_every_id"), 0) << out;
   EXPECT_EQ(field(out, "ids_in_range"), 1) << "an id at or above max_cpus() reached the caller: "
                                            << out;
+  EXPECT_EQ(field(out, "adds_exact"), 1) << "a counter's add on a CPU at or above max_cpus(): " << out;
   EXPECT_EQ(status, 0) << out;
 }
 

@@ -55,6 +55,27 @@ void librseq_add_loop(void* item, long n) {
   }
 }
 
+/* The same add with the item's pointer read from memory at each add, as a
+ * program that keeps it in a struct or a global does (and as percpu's
+ * counter reads its slots' pointer from the counter): the loop above keeps
+ * it in a register, which the compiler barrier does not clobber. */
+void* librseq_item_in_memory;
+
+void librseq_add_loop_from_memory(long n) {
+  for (long i = 0; i < n; ++i) {
+    struct librseq_counter __rseq_percpu* c =
+        (struct librseq_counter __rseq_percpu*)librseq_item_in_memory;
+    for (;;) {
+      int cpu = rseq_cpu_start();
+      if (rseq_load_add_store__ptr(RSEQ_MO_RELAXED, RSEQ_PERCPU_CPU_ID,
+                                   &rseq_percpu_ptr(c, cpu)->count, 1, cpu) == 0) {
+        break;
+      }
+    }
+    BARRIER();
+  }
+}
+
 /* Summing the item over the CPUs, as a reader of librseq's counter does. */
 int64_t librseq_sum(void* item, int cpus) {
   struct librseq_counter __rseq_percpu* c = (struct librseq_counter __rseq_percpu*)item;

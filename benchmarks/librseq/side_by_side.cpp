@@ -1,6 +1,9 @@
 // percpu beside librseq in one process: cpu_id(), counter::add(),
 // per_cpu<T>::add() and counter::load() against librseq's own read, its add
-// on an rseq_mempool item and the sum of that item over the CPUs.
+// on an rseq_mempool item and the sum of that item over the CPUs. The add
+// runs twice on librseq's side: with the item's pointer in a register (the
+// loop receives it), and read from memory at each add, as percpu's counter
+// reads its slots' pointer from the counter object.
 //
 // Built and run by scripts/bench_librseq.sh (which builds librseq from a
 // clone you name); not part of percpu's build. Each figure: per-thread CPU
@@ -31,6 +34,8 @@ void* librseq_counter_create(void);
 int librseq_register(void);
 std::int64_t librseq_cpu_loop(long n);
 void librseq_add_loop(void* item, long n);
+extern void* librseq_item_in_memory;
+void librseq_add_loop_from_memory(long n);
 std::int64_t librseq_sum_loop(void* item, int cpus, long n);
 }
 
@@ -158,6 +163,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   g_librseq_item = librseq_counter_create();
+  librseq_item_in_memory = g_librseq_item;
   if (g_librseq_item == nullptr) {
     std::fprintf(stderr, "librseq's mempool failed\n");
     return 1;
@@ -176,6 +182,8 @@ int main(int argc, char** argv) {
        20000000},
       {"per-CPU add", "counter::add(1)", "rseq_load_add_store__ptr on a mempool item",
        percpu_add_loop, librseq_add, 10000000},
+      {"per-CPU add", "counter::add(1)", "the same, its item pointer read from memory",
+       percpu_add_loop, librseq_add_loop_from_memory, 10000000},
       {"per-CPU add", "per_cpu<T>::add", "counter::add(1) (percpu's own)", per_cpu_add_loop,
        percpu_add_loop, 10000000},
       {"read the total", "counter::load()", "summing the mempool item over max_cpus()",

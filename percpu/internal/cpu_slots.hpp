@@ -216,12 +216,8 @@ void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept;
 // word there is a pointer, which is never no_rseq, so that costs a call.
 [[nodiscard]] PERCPU_EXPORT rseq_area* section_area_slow() noexcept;
 [[nodiscard]] inline rseq_area* section_area() noexcept {
-  // The bound first, with acquire order, as in rseq_area_for_sections(): 0
-  // before start-up and where sections are off.
-  const std::uint32_t limit = __atomic_load_n(&g_fast_path.section_limit, __ATOMIC_ACQUIRE);
-  rseq_area* area = serving_rseq_area();
-  const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
-  if (__builtin_expect(within(id, limit), 1)) {
+  rseq_area* area = sections_area_if_registered();
+  if (__builtin_expect(area != nullptr, 1)) {
     if (__builtin_expect(load_tp_relative_i32(g_fast_path.section_state) ==
                              static_cast<int>(section_user::marked),
                          1)) {

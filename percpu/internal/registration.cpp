@@ -116,9 +116,11 @@ __attribute__((used, visibility("hidden"))) PERCPU_UNINSTRUMENTED void (*percpu_
   store_word(&here->cpu_id, base + percpu::internal::kCpuIdOffset);
   store_word(&here->node_id, base + percpu::internal::kNodeIdOffset);
   store_word(&here->concurrency_id, base + percpu::internal::kCpuIdOffset);
+  store_word(&here->sections_area, base);
   store_word(&exported->cpu_id, base + percpu::internal::kCpuIdOffset);
   store_word(&exported->node_id, base + percpu::internal::kNodeIdOffset);
   store_word(&exported->concurrency_id, base + percpu::internal::kCpuIdOffset);
+  store_word(&exported->sections_area, base);
   return percpu_internal_before_startup_target;
 }
 
@@ -136,7 +138,7 @@ namespace internal {
 // Statically initialised. Its id offsets are 0 only until the relocation
 // of before_startup (above) aims them at the unregistered area; elsewhere
 // they stay 0 until start-up, and the bounds reject every load until then.
-fast_path_offsets g_fast_path = {0, 0, 0, 0, 0, 0, 0, 0, false, PERCPU_BEFORE_STARTUP};
+fast_path_offsets g_fast_path = {0, 0, 0, 0, 0, 0, 0, 0, PERCPU_BEFORE_STARTUP, false};
 
 }  // namespace internal
 }  // namespace percpu
@@ -200,6 +202,9 @@ struct process_state {
   // What start-up decided for the whole process: on, or why the structures
   // take their no-rseq paths everywhere (sections_status()).
   sections sections_decision = sections::on;
+  // Start-up has opened the fast path (open_fast_path()): from then on the
+  // sections' area may lead to a registered area.
+  bool fast_path_open = false;
   // Other registrants' conventions, resolved at start-up (dlsym is not
   // async-signal-safe, and registration may run in a signal handler): the
   // address of librseq's rseq_offset and rseq_size, and the thread-pointer
@@ -294,6 +299,20 @@ bool inline_ids_need_no_bound() noexcept {
   return !kArchHasRseq || max_cpus_bounds_every_id();
 }
 
+// Aims the structures' sections (fast_path_offsets::sections_area) at the
+// serving area where they run sections in this process and its ids need no
+// bound (a section's index, cpu_id_start, is never tested against one), at
+// the unregistered area otherwise: there every section aborts, and the
+// structures' slow paths decide. Until start-up has opened the fast path it
+// stays at the unregistered area, where before_startup's resolver put it.
+void aim_sections() {
+  const bool on = g_state.fast_path_open && g_state.sections_decision == sections::on &&
+                  inline_ids_need_no_bound();
+  const std::intptr_t area = __atomic_load_n(&g_fast_path.area, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_fast_path.sections_area, on ? area : tp_offset_of(&unregistered_area),
+                   __ATOMIC_RELEASE);
+}
+
 // Points the fast path at an area: reads of cpu_id, node_id and mm_cid go
 // there when the kernel fills them (and inline_ids_need_no_bound()), and to a
 // word that is always -1 (which sends the caller to the slow path) when not.
@@ -306,19 +325,19 @@ void aim_fast_path(std::intptr_t area, unsigned feature_size) {
       feature_size >= kFeatureSizeNodeId ? ids + kNodeIdOffset : unregistered + kNodeIdOffset;
   g_fast_path.concurrency_id =
       feature_size >= kFeatureSizeMmCid ? ids + kMmCidOffset : ids + kCpuIdOffset;
+  aim_sections();
 }
 
 // The last step of start-up: the bounds that let the fast paths accept what
-// they load. Stored after every offset, with release order, so a reader that
-// sees a bound (and so much as tests a loaded value against it) was handed
-// offsets that are set.
+// they load, then the sections' area. Stored after every offset, with
+// release order, so a reader that sees them was handed offsets that are set.
 void open_fast_path() {
   g_fast_path.section_state = tp_offset_of(&t_section_state);
   const auto limit = static_cast<std::uint32_t>(max_cpus());
   __atomic_store_n(&g_fast_path.node_limit, 0x80000000u, __ATOMIC_RELEASE);
-  __atomic_store_n(&g_fast_path.section_limit,
-                   g_state.sections_decision == sections::on ? limit : 0u, __ATOMIC_RELEASE);
   __atomic_store_n(&g_fast_path.cpu_limit, limit, __ATOMIC_RELEASE);
+  g_state.fast_path_open = true;
+  aim_sections();
 }
 
 // Every change of owner or fallback goes through here, so the inline RDPID
@@ -652,7 +671,10 @@ void serve_other_area(std::intptr_t offset, unsigned length, bool same_signature
   if (inline_ids_need_no_bound()) {
     __atomic_store_n(&g_fast_path.cpu_id, offset + kCpuIdOffset, __ATOMIC_RELAXED);
   }
-  if (same_signature) __atomic_store_n(&g_fast_path.area, offset, __ATOMIC_RELAXED);
+  if (same_signature) {
+    __atomic_store_n(&g_fast_path.area, offset, __ATOMIC_RELAXED);
+    aim_sections();
+  }
 }
 
 // Whether `area` is the other library's area the inline paths read.
@@ -888,10 +910,8 @@ rseq_area* registered_rseq_area() noexcept {
 }
 
 rseq_area* area_unless_known_missing() noexcept {
-  const std::uint32_t limit = __atomic_load_n(&g_fast_path.section_limit, __ATOMIC_ACQUIRE);
-  rseq_area* area = serving_rseq_area();
-  const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
-  if (within(id, limit)) return area;
+  rseq_area* area = sections_area_if_registered();
+  if (area != nullptr) return area;
   if (t_section_state == section_user::no_rseq) return nullptr;
   area = registered_rseq_area();
   if (area == nullptr && t_section_state == section_user::unmarked && ensure_initialized()) {

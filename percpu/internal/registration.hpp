@@ -94,6 +94,25 @@ inline rseq_area* serving_rseq_area() noexcept {
   return reinterpret_cast<rseq_area*>(thread_pointer() + g_fast_path.area);
 }
 
+// The area the structures' sections arm (fast_path_offsets::sections_area)
+// when the calling thread may run sections on it now, that is when the
+// area's cpu_id is an id (not negative); nullptr before start-up, where the
+// structures run no sections in this process, and for a thread whose area
+// is not registered (yet). Callers then ask registered_rseq_area(), which
+// registers the thread if that is due. The offset is read with acquire
+// order and start-up stores it last with release order, so a thread that
+// runs this while another thread's start-up is in progress (threads started
+// by an earlier constructor) sees either the unregistered area or an area
+// start-up finished aiming. On x86-64 that is the plain load it would be
+// anyway.
+inline rseq_area* sections_area_if_registered() noexcept {
+  if (!kHaveRseqSections) return nullptr;
+  auto* area = reinterpret_cast<rseq_area*>(
+      thread_pointer() + __atomic_load_n(&g_fast_path.sections_area, __ATOMIC_ACQUIRE));
+  const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
+  return __builtin_expect(id >= 0, 1) ? area : nullptr;
+}
+
 // The calling thread's section-user state (see cpu_slots.hpp), in static TLS
 // beside percpu's rseq area. Inline code reads it through
 // g_fast_path.section_state and a fresh thread pointer, never through the

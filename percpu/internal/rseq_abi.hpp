@@ -50,6 +50,7 @@ static_assert(offsetof(rseq_area, mm_cid) == 24, "rseq ABI");
 static_assert(sizeof(rseq_area) == 32, "registered length is the original 32 bytes");
 static_assert(alignof(rseq_area) == 32, "the kernel rejects a misaligned area");
 
+constexpr std::ptrdiff_t kCpuIdStartOffset = offsetof(rseq_area, cpu_id_start);
 constexpr std::ptrdiff_t kCpuIdOffset = offsetof(rseq_area, cpu_id);
 constexpr std::ptrdiff_t kRseqCsOffset = offsetof(rseq_area, rseq_cs);
 constexpr std::ptrdiff_t kNodeIdOffset = offsetof(rseq_area, node_id);

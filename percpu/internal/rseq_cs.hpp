@@ -78,6 +78,30 @@
 // atomic read-modify-write from another thread on the same word lose updates.
 // Readers on other CPUs may read it with relaxed atomic loads.
 //
+// The hot paths' form (counter::add, per_cpu<T>::add): a section started
+// with no test at all, as a librseq user's does:
+//
+//   section_start st = start_section();
+//   if (rseq_addv_started(st, &stride_copy_at(object, st)->word, count) == 0) done;
+//   else -> the slow path
+//
+//   start_section() reads the offset of the sections' area
+//   (g_fast_path.sections_area, cpu.hpp) and that area's cpu_id_start as 16
+//   bits, and computes the CPU's copy offset in the stride arena. The
+//   section then compares the area's cpu_id with that CPU and commits only
+//   if they are equal. Why that is enough:
+//     - cpu_id_start needs no test: the kernel keeps it equal to cpu_id
+//       while the area is registered; an unregistered area holds cpu_id -1
+//       or -2, which no 16-bit value equals, and the sections' area is the
+//       unregistered one before start-up, where sections are off and where
+//       max_cpus() is not proven to bound every id. Whatever another
+//       library may leave in cpu_id_start, a commit happens only on the CPU
+//       the kernel wrote in cpu_id, so at that CPU's copy.
+//     - the copy's address is computed before the section but first touched
+//       by its committing instruction, so an address made from a value the
+//       section rejects is never accessed.
+//   Only cpu_id indexes these sections; mm_cid has no start field.
+//
 // Test seams (compile time):
 //   PERCPU_INJECT_DELAYS   a delay loop of g_inject_delay_loops iterations
 //                          inside every section, between its start and its
@@ -99,6 +123,7 @@
 #include "percpu/internal/config.hpp"
 #include "percpu/internal/registration.hpp"
 #include "percpu/internal/rseq_abi.hpp"
+#include "percpu/internal/stride_arena.hpp"
 
 namespace percpu {
 namespace internal {
@@ -134,23 +159,12 @@ inline unsigned inject_delay_loops() noexcept {
 }
 
 // The calling thread's registered area, or nullptr when it has no rseq or
-// sections are off (the caller must then use atomics). Inline fast path: a
-// registered area shows a cpu_id below the sections' bound (0 when sections
-// are off); anything else asks the slow path, which runs start-up and
-// registers the thread first if that is percpu's job.
-// Before start-up the bound is 0, so no section is ever armed through an
-// offset that start-up has not set yet (the word at offset 0 is the thread
-// control block, which a section must never write). The bound is read first,
-// with acquire order, and start-up stores it last with release order: a
-// thread that runs this while another thread's start-up is in progress
-// (threads started by an earlier constructor) sees either the bound 0 or the
-// area offset start-up wrote, never a new bound with the old offset. On
-// x86-64 that is the plain load it would be anyway.
+// sections are off (the caller must then use atomics). Inline fast path: the
+// area the sections arm, when it shows an id (sections_area_if_registered());
+// anything else asks the slow path, which runs start-up and registers the
+// thread first if that is percpu's job.
 inline rseq_area* rseq_area_for_sections() noexcept {
-  const std::uint32_t limit = __atomic_load_n(&g_fast_path.section_limit, __ATOMIC_ACQUIRE);
-  rseq_area* area = serving_rseq_area();
-  const int id = *reinterpret_cast<volatile const std::int32_t*>(&area->cpu_id);
-  if (__builtin_expect(within(id, limit), 1)) return area;
+  if (rseq_area* area = sections_area_if_registered()) return area;
   return registered_rseq_area();
 }
 
@@ -197,3 +211,16 @@ __attribute__((constructor)) void pin_object_with_sections() noexcept {
 #include "percpu/internal/rseq_cs_fallback.hpp"
 #endif
 #undef PERCPU_INTERNAL_RSEQ_CS_DISPATCH
+
+namespace percpu {
+namespace internal {
+
+// The copy of `object` (CPU 0's copy, from the stride arena) that belongs to
+// the CPU a started section runs on.
+template <typename T>
+inline T* stride_copy_at(T* object, section_start start) noexcept {
+  return reinterpret_cast<T*>(reinterpret_cast<char*>(object) + started_copy_offset(start));
+}
+
+}  // namespace internal
+}  // namespace percpu

@@ -192,6 +192,38 @@ abort:
   return -1;
 }
 
+// ---- Started sections (the hot paths' form, see rseq_cs.hpp) ------------
+
+// The sections' area (the thread pointer read afresh, plus its offset), and
+// the CPU its cpu_id_start shows, 16 bits zero-extended.
+struct section_start {
+  rseq_area* area;
+  std::uint64_t cpu;
+};
+
+// ldrh: the load itself leaves nothing to test (see rseq_cs.hpp).
+inline section_start start_section() noexcept {
+  auto* area = reinterpret_cast<rseq_area*>(
+      thread_pointer() + __atomic_load_n(&g_fast_path.sections_area, __ATOMIC_RELAXED));
+  std::uint32_t cpu;
+  asm volatile("ldrh %w[cpu], [%[area], %c[at]]"
+               : [cpu] "=r"(cpu)
+               : [area] "r"(area), [at] "i"(kCpuIdStartOffset));
+  return {area, cpu};
+}
+
+// The started CPU's copy offset in the stride arena (the shift folds into
+// the address computation, add x, x, x, lsl #16).
+inline std::uint64_t started_copy_offset(section_start start) noexcept {
+  return start.cpu << kStrideShift;
+}
+
+// rseq_addv_started: rseq_addv above, on the started section's area and CPU.
+inline int rseq_addv_started(section_start start, std::intptr_t* v,
+                             std::intptr_t count) noexcept {
+  return rseq_addv<index_kind::cpu_id>(start.area, v, count, static_cast<int>(start.cpu));
+}
+
 // rseq_cmpeqv_trystorev_storev: compare, then a speculative store and the
 // committing store (e.g. push: node->next = head speculatively, head = node).
 //

@@ -47,5 +47,18 @@ inline int rseq_cmpeqv_cmpeqv_storev(rseq_area*, std::intptr_t*, std::intptr_t, 
   return -1;
 }
 
+// Started sections always abort here too.
+struct section_start {
+  std::uint64_t cpu;
+};
+
+inline section_start start_section() noexcept { return {0}; }
+
+inline std::uint64_t started_copy_offset(section_start) noexcept { return 0; }
+
+inline int rseq_addv_started(section_start, std::intptr_t*, std::intptr_t) noexcept {
+  return -1;
+}
+
 }  // namespace internal
 }  // namespace percpu

@@ -184,6 +184,108 @@ abort:
   return -1;
 }
 
+// ---- Started sections (the hot paths' form, see rseq_cs.hpp) ------------
+//
+// The area is reached %fs-relative, through its offset: no thread pointer
+// in a register, and the current thread's area at every instruction, so a
+// coroutine resumed on another thread arms that thread's area.
+
+// The sections' area as an offset from the thread pointer, and the CPU its
+// cpu_id_start shows, 16 bits zero-extended. Two words, so that it travels
+// in registers.
+struct section_start {
+  std::intptr_t area;
+  std::uint64_t cpu;
+};
+
+// movzwl: the load itself leaves nothing to test (see rseq_cs.hpp).
+inline section_start start_section() noexcept {
+  const std::intptr_t area = __atomic_load_n(&g_fast_path.sections_area, __ATOMIC_RELAXED);
+  std::uint64_t cpu;
+  asm volatile("movzwl %%fs:%c[at](%[area]), %k[cpu]"
+               : [cpu] "=r"(cpu)
+               : [area] "r"(area), [at] "i"(kCpuIdStartOffset));
+  return {area, cpu};
+}
+
+// The started CPU's copy offset in the stride arena. imul by the stride
+// rather than a shift: its three operands keep the CPU for the section's
+// compare without a copy, one instruction fewer on the hot path.
+inline std::uint64_t started_copy_offset(section_start start) noexcept {
+  std::uint64_t offset;
+  asm("imulq %[stride], %[cpu], %[offset]"
+      : [offset] "=r"(offset)
+      : [cpu] "r"(start.cpu), [stride] "i"(kStride));
+  return offset;
+}
+
+// rseq_addv_started: add, in a started section.
+//
+//   pseudo-code:   if (area->cpu_id != start.cpu) return -1;
+//                  *v += count;                     <- commit (one RMW instruction,
+//                  return 0;                           not locked: only this CPU writes)
+//   operands:      start.area -> %[area] (an offset: every area access is
+//                  %fs-relative), v -> %[v] (a memory operand, so the copy's
+//                  address folds into the instruction), count -> %[count],
+//                  start.cpu -> %k[cpu], %rax descriptor address
+//   labels:        start 1, commit "addq %[count], %[v]", post-commit 2,
+//                  abort 4 -> C label abort (-1)
+inline int rseq_addv_started(section_start start, std::intptr_t* v,
+                             std::intptr_t count) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".popsection\n\t"
+      "leaq 3b(%%rip), %%rax\n\t"
+      "movq %%rax, %%fs:%c[cs_offset](%[area])\n\t"
+      "1:\n\t"
+      "cmpl %k[cpu], %%fs:%c[index_offset](%[area])\n\t"
+      "jne %l[abort]\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "movl %[delay], %%ecx\n\t"
+      "5:\n\t"
+      "testl %%ecx, %%ecx\n\t"
+      "jz 6f\n\t"
+      "decl %%ecx\n\t"
+      "jmp 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "cmpl %k[cpu], %%fs:%c[index_offset](%[area])\n\t"
+      "je 7f\n\t"
+      "ud2\n\t"
+      "7:\n\t"
+#endif
+      "addq %[count], %[v]\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
+      ".byte 0x0f, 0xb9, 0x3d\n\t"
+      ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "jmp %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(start.area), [v] "m"(*v), [count] "er"(count), [cpu] "r"(start.cpu),
+        [cs_offset] "i"(kRseqCsOffset), [index_offset] "i"(kCpuIdOffset)
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "rax", "rcx"
+      : abort);
+  return 0;
+abort:
+  return -1;
+}
+
 // rseq_cmpeqv_trystorev_storev: compare, then a speculative store and the
 // committing store (e.g. push: node->next = head speculatively, head = node).
 //
