@@ -92,3 +92,17 @@ int64_t librseq_sum_loop(void* item, int cpus, long n) {
   }
   return total;
 }
+
+/* The sum with the item's pointer and the CPU count read from memory at each
+ * sum, as a reader that keeps them in a struct does (percpu's load() reads
+ * its slots' pointer and max_cpus() from memory). */
+int librseq_cpus_in_memory;
+
+int64_t librseq_sum_loop_from_memory(long n) {
+  int64_t total = 0;
+  for (long i = 0; i < n; ++i) {
+    total += librseq_sum(librseq_item_in_memory, librseq_cpus_in_memory);
+    BARRIER();
+  }
+  return total;
+}

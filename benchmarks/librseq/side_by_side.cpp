@@ -3,7 +3,8 @@
 // on an rseq_mempool item and the sum of that item over the CPUs. The add
 // runs twice on librseq's side: with the item's pointer in a register (the
 // loop receives it), and read from memory at each add, as percpu's counter
-// reads its slots' pointer from the counter object.
+// reads its slots' pointer from the counter object); the sum likewise, with
+// the item's pointer and the CPU count in registers and read from memory.
 //
 // Built and run by scripts/bench_librseq.sh (which builds librseq from a
 // clone you name); not part of percpu's build. Each figure: per-thread CPU
@@ -36,6 +37,8 @@ std::int64_t librseq_cpu_loop(long n);
 void librseq_add_loop(void* item, long n);
 extern void* librseq_item_in_memory;
 void librseq_add_loop_from_memory(long n);
+extern int librseq_cpus_in_memory;
+std::int64_t librseq_sum_loop_from_memory(long n);
 std::int64_t librseq_sum_loop(void* item, int cpus, long n);
 }
 
@@ -84,6 +87,9 @@ __attribute__((noinline)) void percpu_load_loop(long n) {
 }
 void librseq_cpu(long n) { g_sink.fetch_add(librseq_cpu_loop(n), std::memory_order_relaxed); }
 void librseq_add(long n) { librseq_add_loop(g_librseq_item, n); }
+void librseq_load_from_memory(long n) {
+  g_sink.fetch_add(librseq_sum_loop_from_memory(n), std::memory_order_relaxed);
+}
 void librseq_load(long n) {
   g_sink.fetch_add(librseq_sum_loop(g_librseq_item, percpu::max_cpus(), n),
                    std::memory_order_relaxed);
@@ -164,6 +170,7 @@ int main(int argc, char** argv) {
   }
   g_librseq_item = librseq_counter_create();
   librseq_item_in_memory = g_librseq_item;
+  librseq_cpus_in_memory = percpu::max_cpus();
   if (g_librseq_item == nullptr) {
     std::fprintf(stderr, "librseq's mempool failed\n");
     return 1;
@@ -188,6 +195,8 @@ int main(int argc, char** argv) {
        percpu_add_loop, 10000000},
       {"read the total", "counter::load()", "summing the mempool item over max_cpus()",
        percpu_load_loop, librseq_load, 2000000},
+      {"read the total", "counter::load()", "the same, its pointer and count read from memory",
+       percpu_load_loop, librseq_load_from_memory, 2000000},
   };
   std::printf("%-16s %-18s %-45s %8s %10s %10s %7s\n", "what", "percpu", "peer", "threads",
               "percpu ns", "peer ns", "ratio");

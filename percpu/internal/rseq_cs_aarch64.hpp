@@ -205,7 +205,7 @@ struct section_start {
 inline section_start start_section() noexcept {
   auto* area = reinterpret_cast<rseq_area*>(
       thread_pointer() + __atomic_load_n(&g_fast_path.sections_area, __ATOMIC_RELAXED));
-  std::uint32_t cpu;
+  std::uint64_t cpu;  // ldrh clears the upper bits: no zero extension after it
   asm volatile("ldrh %w[cpu], [%[area], %c[at]]"
                : [cpu] "=r"(cpu)
                : [area] "r"(area), [at] "i"(kCpuIdStartOffset));
