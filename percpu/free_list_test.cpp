@@ -146,6 +146,27 @@ std::vector<item> make_items(free_list& list, int n) {
   return items;
 }
 
+// make_items, with the pushes shared out over `cpus`, each share pushed while
+// the thread runs there, so that every one of those CPUs' lists holds nodes.
+// Without the membarrier RSEQ fence nothing moves a node off the CPU list it
+// was pushed on: with every node on the list of the CPU the test started on,
+// a run whose workers the scheduler kept on the other CPUs (a loaded
+// machine) popped nothing at all. Leaves the thread restricted to `cpus`.
+std::vector<item> make_items_on(free_list& list, int n, const std::vector<int>& cpus) {
+  std::vector<item> items(n);
+  const int shares = static_cast<int>(cpus.size());
+  for (int c = 0; c < shares; ++c) {
+    EXPECT_TRUE(stress::restrict_to({cpus[c]}));
+    for (int i = c; i < n; i += shares) {
+      items[i].id = i;
+      items[i].held.store(0);
+      list.push(&items[i].hook);
+    }
+  }
+  EXPECT_TRUE(stress::restrict_to(cpus));
+  return items;
+}
+
 TEST(FreeListTest, EmptyPopsNothingAndSlotsAreMaxCpus) {
   free_list list;
   EXPECT_EQ(list.slot_count(), max_cpus());
@@ -298,9 +319,9 @@ struct run_options {
 void hammer(const run_options& options) {
   g_duplicates.store(0);
   free_list list;
-  std::vector<item> items = make_items(list, kItems);
   const std::vector<int> cpus = stress::test_cpus(2);
   const std::vector<int> saved = stress::allowed_cpus();
+  std::vector<item> items = make_items_on(list, kItems, cpus);
   ASSERT_TRUE(stress::restrict_to(cpus));
   if (options.signals) {
     g_handler_runs.store(0);
@@ -494,9 +515,9 @@ TEST(FreeListStressTest, ThreadChurn) {
 TEST(FreeListStressTest, ForkDuringHeavyUse) {
   g_duplicates.store(0);
   free_list list;
-  std::vector<item> items = make_items(list, kItems);
   const std::vector<int> cpus = stress::test_cpus(2);
   const std::vector<int> saved = stress::allowed_cpus();
+  std::vector<item> items = make_items_on(list, kItems, cpus);
   ASSERT_TRUE(stress::restrict_to(cpus));
   int children = 0;
   {

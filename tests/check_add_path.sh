@@ -9,18 +9,17 @@
 #     (no copies yet) and the section's compare of cpu_id with the CPU it
 #     started on; none for a bound or a sign of the CPU;
 #   - at most MAX_INSTRUCTIONS instructions before the return;
-#   - no call, lock prefix, system call, barrier or acquire load.
+#   - no call, lock prefix, system call, barrier or acquire load (asm_path.sh).
 # It prints each path it checked.
 set -eu
+. "$(dirname "$0")/asm_path.sh"
 objdump=$1 object=$2 max=$3
 status=0
 for probe in percpu_probe_counter_add percpu_probe_per_cpu_add; do
-  listing=$("$objdump" -d --no-show-raw-insn "$object" |
-    awk -v fn="<$probe>:" '$2 == fn {on=1; next} on && /^$/ {exit} on {print}')
-  if [ -z "$listing" ]; then
+  path=$(probe_path "$objdump" "$object" "$probe")
+  if [ -z "$path" ]; then
     echo "FAIL $probe: not found in $object"; status=1; continue
   fi
-  path=$(printf '%s\n' "$listing" | awk '{ sub(/^[ \t]*[0-9a-f]+:[ \t]*/, ""); if ($1 == "ret" || $1 == "retq") exit; print }')
   total=$(printf '%s\n' "$path" | grep -c . || true)
   # x86-64: jcc (not jmp); aarch64: b.cond, cbz/cbnz, tbz/tbnz.
   branches=$(printf '%s\n' "$path" | awk '$1 ~ /^j/ && $1 != "jmp" && $1 != "jmpq" {n++}
@@ -33,7 +32,7 @@ for probe in percpu_probe_counter_add percpu_probe_per_cpu_add; do
   if [ "$branches" -ne 2 ]; then
     echo "FAIL $probe: a test besides the pointer's and the section's compare"; status=1
   fi
-  if printf '%s\n' "$path" | grep -Eq '(^|[[:space:]])(call|callq|bl|blr|lock|syscall|svc|mfence|lfence|dmb|dsb|ldar|ldapr)([[:space:]]|$)'; then
+  if forbidden_on_path "$path"; then
     echo "FAIL $probe: call, lock, syscall, barrier or acquire load on the path"; status=1
   fi
 done

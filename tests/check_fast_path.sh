@@ -8,18 +8,18 @@
 #   - after that load, at most MAX_AFTER instructions before the return, and
 #     none that touches memory: the sign test (test and a branch on x86-64,
 #     tbnz on aarch64), no bound loaded (cpu.hpp, fast_path_offsets);
-#   - no call, lock prefix, system call or barrier anywhere on the path.
+#   - no call, lock prefix, system call, barrier or acquire load anywhere on
+#     the path (asm_path.sh).
 # It prints each fast path it checked, like the arm64 seed's dumps.
 set -eu
+. "$(dirname "$0")/asm_path.sh"
 objdump=$1 object=$2 max=$3 max_after=$4
 status=0
 for probe in percpu_probe_cpu_id percpu_probe_node_id percpu_probe_concurrency_id; do
-  listing=$("$objdump" -d --no-show-raw-insn "$object" |
-    awk -v fn="<$probe>:" '$2 == fn {on=1; next} on && /^$/ {exit} on {print}')
-  if [ -z "$listing" ]; then
+  fast=$(probe_path "$objdump" "$object" "$probe")
+  if [ -z "$fast" ]; then
     echo "FAIL $probe: not found in $object"; status=1; continue
   fi
-  fast=$(printf '%s\n' "$listing" | awk '{ sub(/^[ \t]*[0-9a-f]+:[ \t]*/, ""); if ($1 == "ret" || $1 == "retq") exit; print }')
   total=$(printf '%s\n' "$fast" | grep -c . || true)
   # The value load: %fs-relative on x86-64; a 32-bit load through a register
   # offset from the thread pointer on aarch64 (ldr wN, [xA, xB]).
@@ -35,8 +35,8 @@ for probe in percpu_probe_cpu_id percpu_probe_node_id percpu_probe_concurrency_i
      printf '%s\n' "$fast" | awk -v from="$usable" 'NR > from' | grep -q '[[(]'; then
     echo "FAIL $probe: a memory access after the value load"; status=1
   fi
-  if printf '%s\n' "$fast" | grep -Eq '(^|[[:space:]])(call|callq|bl|blr|lock|syscall|svc|mfence|dmb|dsb)([[:space:]]|$)'; then
-    echo "FAIL $probe: call, lock, syscall or barrier on the fast path"; status=1
+  if forbidden_on_path "$fast"; then
+    echo "FAIL $probe: call, lock, syscall, barrier or acquire load on the fast path"; status=1
   fi
 done
 [ $status -eq 0 ] && echo "fast path shape: OK"

@@ -41,16 +41,22 @@ int64_t librseq_cpu_loop(long n) {
   return sum;
 }
 
-void librseq_add_loop(void* item, long n) {
+/* One add of 1 to this CPU's copy of the item, as librseq's documentation
+ * writes it: retried until the section commits. */
+static inline void librseq_add_one(void* item) {
   struct librseq_counter __rseq_percpu* c = (struct librseq_counter __rseq_percpu*)item;
-  for (long i = 0; i < n; ++i) {
-    for (;;) {
-      int cpu = rseq_cpu_start();
-      if (rseq_load_add_store__ptr(RSEQ_MO_RELAXED, RSEQ_PERCPU_CPU_ID,
-                                   &rseq_percpu_ptr(c, cpu)->count, 1, cpu) == 0) {
-        break;
-      }
+  for (;;) {
+    int cpu = rseq_cpu_start();
+    if (rseq_load_add_store__ptr(RSEQ_MO_RELAXED, RSEQ_PERCPU_CPU_ID,
+                                 &rseq_percpu_ptr(c, cpu)->count, 1, cpu) == 0) {
+      return;
     }
+  }
+}
+
+void librseq_add_loop(void* item, long n) {
+  for (long i = 0; i < n; ++i) {
+    librseq_add_one(item);
     BARRIER();
   }
 }
@@ -63,15 +69,7 @@ void* librseq_item_in_memory;
 
 void librseq_add_loop_from_memory(long n) {
   for (long i = 0; i < n; ++i) {
-    struct librseq_counter __rseq_percpu* c =
-        (struct librseq_counter __rseq_percpu*)librseq_item_in_memory;
-    for (;;) {
-      int cpu = rseq_cpu_start();
-      if (rseq_load_add_store__ptr(RSEQ_MO_RELAXED, RSEQ_PERCPU_CPU_ID,
-                                   &rseq_percpu_ptr(c, cpu)->count, 1, cpu) == 0) {
-        break;
-      }
-    }
+    librseq_add_one(librseq_item_in_memory);
     BARRIER();
   }
 }
