@@ -21,7 +21,6 @@
 #include "percpu/internal/nocancel.hpp"
 
 #include <sched.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -37,37 +36,31 @@ namespace {
   std::abort();
 }
 
-std::size_t slots_bytes(int count) { return 128 * static_cast<std::size_t>(count); }
-constexpr std::size_t kThreadSlotsBytes = sizeof(internal::thread_slot) * internal::kThreadSlots;
+internal::stride_arena& slot_arena(std::size_t size) { return internal::stride_arena_for(size); }
 
 }  // namespace
 
+// The words come from the per-CPU memory (internal/stride_arena.hpp) and
+// the thread-index memory (internal/thread_slots.hpp), zero in every copy:
+// every share 0, nothing folded, nobody busy. Only copies that a CPU or a
+// thread writes ever fill a page.
 ref::ref(release_function release, void* context) noexcept
     : count_(kBias + 1), release_(release), context_(context) {
   const int count = max_cpus();
-  const int saved_errno = errno;
-  void* memory =
-      mmap(nullptr, slots_bytes(count), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  errno = saved_errno;
-  if (memory != MAP_FAILED) {
-    slots_ = static_cast<slot*>(memory);
+  slots_ = static_cast<slot_words*>(slot_arena(sizeof(slot_words)).allocate());
+  if (slots_ != nullptr) {
     slot_count_ = count;
     // Owner sections may write a slot only if kill() will be able to fence
     // its CPU; otherwise the words start locked and gets use the atomics.
     rseq_on_slots_ = internal::kHaveRseqSections && internal::slot_fence_available();
     if (!rseq_on_slots_) {
-      for (int i = 0; i < count; ++i) slots_[i].rseq.head = internal::kSlotLocked;
+      for (int i = 0; i < count; ++i) {
+        internal::stride_copy(slots_, static_cast<unsigned>(i))->rseq.head = internal::kSlotLocked;
+      }
     }
+    thread_slots_ = internal::new_thread_slot_copies();
   } else {
     count_.store(1, std::memory_order_relaxed);  // no slots: exact from the start
-  }
-  if (slots_ != nullptr && internal::thread_slots_usable()) {
-    const int saved = errno;
-    void* words = mmap(nullptr, kThreadSlotsBytes, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    errno = saved;
-    // Zero-filled: every share 0, nothing folded, nobody busy.
-    if (words != MAP_FAILED) thread_slots_ = static_cast<internal::thread_slot*>(words);
   }
   register_for_fork();
 }
@@ -80,8 +73,8 @@ ref::~ref() {
                  : "percpu::ref: destroyed with references taken by get() and not put\n");
   }
 #endif
-  if (slots_ != nullptr) munmap(slots_, slots_bytes(slot_count_));
-  if (thread_slots_ != nullptr) munmap(thread_slots_, kThreadSlotsBytes);
+  if (slots_ != nullptr) slot_arena(sizeof(slot_words)).deallocate(slots_);
+  internal::delete_thread_slot_copies(thread_slots_);
 }
 
 void ref::release_now() noexcept {
@@ -125,9 +118,12 @@ void ref::add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept
         internal::t_section_state != internal::section_user::forced_locked) {
       // A thread without rseq: its own word, until kill() folds it.
       const int index = internal::thread_index();
-      internal::thread_slot* own = index >= 0 ? &thread_slots_[index] : nullptr;
+      internal::thread_slot* own = index >= 0 ? thread_table().at(index) : nullptr;
       if (own != nullptr && internal::thread_slot_enter(own)) {
-        const bool folded = __atomic_load_n(&own->aux, __ATOMIC_RELAXED) != 0;
+        // After kill() the word is folded, or being folded: hands off
+        // (internal::wait_for_thread_slot_owners says why this read, after
+        // the enter, sees kill()'s store in time).
+        const bool folded = killed_.load(std::memory_order_relaxed) != 0;
         if (!folded) {
           __atomic_store_n(&own->head, __atomic_load_n(&own->head, __ATOMIC_RELAXED) + delta,
                            __ATOMIC_RELAXED);
@@ -143,7 +139,7 @@ void ref::add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept
       for (int tries = 0; tries < internal::kSectionTries; ++tries) {
         const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
         if (static_cast<unsigned>(cpu) >= count) break;
-        std::intptr_t* word = &slots_[cpu].rseq.head;
+        std::intptr_t* word = &internal::stride_copy(slots_, static_cast<unsigned>(cpu))->rseq.head;
         const std::intptr_t seen = __atomic_load_n(word, __ATOMIC_RELAXED);
         if (seen == internal::kSlotLocked) break;
         if (internal::rseq_cmpeqv_storev<index_kind::cpu_id>(area, word, seen, seen + 2 * delta,
@@ -156,7 +152,8 @@ void ref::add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept
     // Any slot's atomic word is correct; a recent CPU of this thread's keeps
     // the line local (internal::cpu_hint(): no fallback query per call).
     const unsigned cpu = static_cast<unsigned>(internal::cpu_hint());
-    std::atomic<std::int64_t>& word = slots_[cpu < count ? cpu : cpu % count].by_atomic;
+    std::atomic<std::int64_t>& word =
+        internal::stride_copy(slots_, cpu < count ? cpu : cpu % count)->by_atomic;
     std::int64_t seen = word.load(std::memory_order_relaxed);
     while (seen != kPoisoned) {
       if (word.compare_exchange_weak(seen, seen + delta, std::memory_order_acq_rel,
@@ -177,7 +174,7 @@ bool ref::try_get() noexcept {
   if (internal::rseq_area* area = internal::section_area()) {
     const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
     if (static_cast<unsigned>(cpu) < static_cast<unsigned>(slot_count_)) {
-      std::intptr_t* word = &slots_[cpu].rseq.head;
+      std::intptr_t* word = &internal::stride_copy(slots_, static_cast<unsigned>(cpu))->rseq.head;
       const std::intptr_t seen = *reinterpret_cast<volatile std::intptr_t*>(word);
       if (seen != internal::kSlotLocked &&
           internal::rseq_cmpeqv_storev<index_kind::cpu_id>(area, word, seen, seen + 2, cpu) == 0) {
@@ -207,7 +204,7 @@ void ref::kill() noexcept {
   internal::exempt_from_fork_pending(true);
   std::int64_t sum = 0;
   for (int cpu = 0; cpu < slot_count_; ++cpu) {
-    slot& s = slots_[cpu];
+    slot_words& s = *internal::stride_copy(slots_, static_cast<unsigned>(cpu));
     if (rseq_on_slots_) {
       std::intptr_t value = 0;
       for (;;) {
@@ -226,19 +223,16 @@ void ref::kill() noexcept {
     sum += s.by_atomic.exchange(kPoisoned, std::memory_order_acq_rel);
   }
   if (thread_slots_ != nullptr) {
-    // Every thread's word at once, with one barrier (see
-    // internal::revoke_all_thread_slots), then folded.
-    if (!internal::revoke_all_thread_slots(thread_slots_)) {
-      die("percpu::ref::kill: cannot revoke the threads' words (membarrier failed, or a kill() or "
-          "fork handler was left by a jump)\n");
+    // killed_, stored above, keeps every thread off its word from now on
+    // (add_slow); once the threads inside have left, the words are final.
+    // Read only: a word no thread wrote keeps its page unfilled.
+    int indexes = 0;
+    if (!internal::wait_for_thread_slot_owners(thread_table(), &indexes)) {
+      die("percpu::ref::kill: cannot stop the threads' words (membarrier failed)\n");
     }
-    for (int i = 0; i < internal::kThreadSlots; ++i) {
-      internal::thread_slot* ts = &thread_slots_[i];
-      sum += __atomic_load_n(&ts->head, __ATOMIC_RELAXED);
-      __atomic_store_n(&ts->head, 0, __ATOMIC_RELAXED);
-      __atomic_store_n(&ts->aux, 1, __ATOMIC_RELAXED);  // from now on its owner uses count_
+    for (int i = 0; i < indexes; ++i) {
+      sum += __atomic_load_n(&thread_table().at(i)->head, __ATOMIC_RELAXED);
     }
-    internal::restore_all_thread_slots(thread_slots_);
   }
 #if !defined(__x86_64__)
   // A put's earlier loads must not be satisfied after the release function
@@ -261,27 +255,33 @@ std::int64_t ref::count() const noexcept {
   if (total < kBias / 2) return total;
   total -= kBias;
   for (int cpu = 0; cpu < slot_count_; ++cpu) {
-    const std::intptr_t word = __atomic_load_n(&slots_[cpu].rseq.head, __ATOMIC_RELAXED);
+    const slot_words& s = *internal::stride_copy(slots_, static_cast<unsigned>(cpu));
+    const std::intptr_t word = __atomic_load_n(&s.rseq.head, __ATOMIC_RELAXED);
     if (word != internal::kSlotLocked) total += word / 2;
-    const std::int64_t atomic = slots_[cpu].by_atomic.load(std::memory_order_relaxed);
+    const std::int64_t atomic = s.by_atomic.load(std::memory_order_relaxed);
     if (atomic != kPoisoned) total += atomic;
   }
-  for (int i = 0; thread_slots_ != nullptr && i < internal::kThreadSlots; ++i) {
-    total += __atomic_load_n(&thread_slots_[i].head, __ATOMIC_RELAXED);
+  // Only indexes below the limit can have been written.
+  const int threads = thread_slots_ != nullptr ? internal::thread_index_limit() : 0;
+  for (int i = 0; i < threads; ++i) {
+    total += __atomic_load_n(&thread_table().at(i)->head, __ATOMIC_RELAXED);
   }
   return total;
 }
 
-// The threads' words are revoked across the fork, so the child never
-// inherits one in the middle of a get or put (which its kill() would wait
-// for forever).
+// Nothing stops the threads' words across the fork: each get or put
+// changes its word with one store, which the child sees done or not, and
+// the child clears the busy flags of threads it does not have (which its
+// kill() would otherwise wait for forever).
 void ref::before_fork() noexcept {
   internal::fork_wait_for_flag(&kill_busy_);
-  if (thread_slots_ != nullptr) internal::revoke_thread_slots_for_fork(thread_slots_);
+  forking_pid_ = getpid();
 }
 
 void ref::after_fork() noexcept {
-  if (thread_slots_ != nullptr) internal::restore_thread_slots_after_fork(thread_slots_);
+  if (thread_slots_ != nullptr && getpid() != forking_pid_) {
+    internal::clear_thread_slots_in_child(thread_table());
+  }
   internal::fork_release_flag(&kill_busy_);
 }
 

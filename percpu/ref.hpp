@@ -13,16 +13,16 @@
 //
 // When not to use it
 //   When the count must be known while the object is alive (there is no
-//   cheap total before kill()), when kill() is frequent (it fences each CPU
-//   with a membarrier system call), or when memory is tight: two cache lines
-//   per possible CPU.
+//   cheap total before kill()), or when kill() is frequent (it fences each
+//   CPU with a membarrier system call).
 //
 // Without rseq
 //   A thread without rseq adds to a word of its own, a thread slot
 //   (percpu/internal/thread_slots.hpp): a plain add between a "busy" store and a
-//   check that kill() has not revoked the slot, no atomic instruction, no
-//   system call. kill() revokes every thread slot (one membarrier
-//   PRIVATE_EXPEDITED each) and folds it in. Where that command is missing,
+//   check that kill() has not begun, no atomic instruction, no system call.
+//   kill() stops every thread's word with one membarrier PRIVATE_EXPEDITED,
+//   waits for the threads inside one, and folds the words in. Where that
+//   command is missing,
 //   or beyond the thread slots' number of live threads, such a thread adds
 //   to an atomic word in the slot of a CPU it ran on recently (one
 //   compare-exchange on a line no other CPU writes). kill() takes each CPU
@@ -32,6 +32,21 @@
 //   valgrind) the ref keeps rseq off its slots from construction and uses
 //   the atomic words only. If the slots cannot be mapped, everything goes to
 //   the single atomic count; still exact.
+//
+// Memory
+//   The ref itself (80 bytes), plus 32 bytes per possible CPU and 64 per
+//   thread without rseq that used it: its words come from percpu's per-CPU
+//   memory (internal/stride_arena.hpp, one copy per CPU) and from memory
+//   laid out the same way by thread index (internal/thread_slots.hpp), so a
+//   CPU or a thread that never touches a ref costs it nothing, and no two
+//   CPUs' or threads' words share a cache line. 100,000 refs, each taken,
+//   dropped and killed once on a 2-CPU machine with rseq, take about 150
+//   bytes each, where each took a page of its own before.
+//   kill() writes every possible CPU's words (it takes them for good), so a
+//   killed ref costs 32 bytes per possible CPU even where only some CPUs
+//   ran. Construction makes no system call (a new chunk of the per-CPU
+//   memory, once per 2,000 refs or so, makes one); if no memory can be
+//   mapped, the ref counts with its single atomic from the start.
 //
 // Thread safety and signals
 //   get(), try_get() and put() are thread-safe and async-signal-safe (put()
@@ -69,6 +84,7 @@
 #include "percpu/internal/fork_registry.hpp"
 #include "percpu/internal/rseq_cs.hpp"
 #include "percpu/internal/sanitizers.hpp"
+#include "percpu/internal/stride_arena.hpp"
 #include "percpu/internal/thread_slots.hpp"
 
 #pragma GCC visibility push(default)  // exported (see percpu/cpu.hpp)
@@ -103,13 +119,16 @@ class ref : private internal::fork_participant {
   std::int64_t count() const noexcept;
 
  private:
-  // The rseq word holds twice the CPU's share of the count, so it is always
-  // even and never internal::kSlotLocked, which kill() leaves in it.
-  struct alignas(64) slot {
-    internal::cpu_slot rseq;
-    alignas(64) std::atomic<std::int64_t> by_atomic;
+  // One per CPU, CPU c's at internal::stride_copy(slots_, c), in CPU c's
+  // region of the per-CPU memory (internal/stride_arena.hpp). The rseq word
+  // holds twice the CPU's share of the count, so it is always even and
+  // never internal::kSlotLocked, which kill() leaves in it. by_atomic is for
+  // threads without rseq that have no thread slot.
+  struct slot_words {
+    internal::cpu_slot_words rseq;
+    std::atomic<std::int64_t> by_atomic;
   };
-  static_assert(sizeof(slot) == 128, "two cache lines");
+  static_assert(sizeof(slot_words) == 24, "an object of the arena's 32-byte class");
 
   // While per-CPU slots exist, the atomic count carries this bias, so gets
   // and puts that reach it before kill() folds the slots in cannot make it
@@ -124,19 +143,25 @@ class ref : private internal::fork_participant {
   void before_fork() noexcept override;
   void after_fork() noexcept override;
 
-  slot* slots_ = nullptr;  // nullptr when mapping failed
-  // kThreadSlots words for threads without rseq (head: the thread's share of
-  // the count; aux: 1 once kill() folded it), or nullptr where thread slots
-  // are not usable or could not be mapped.
+  internal::thread_slot_table thread_table() const noexcept {
+    return internal::thread_slot_table::of_copies(thread_slots_);
+  }
+
+  slot_words* slots_ = nullptr;  // CPU 0's copy; nullptr when no memory could be mapped
+  // The threads' words (internal/thread_slots.hpp), one copy per thread
+  // index, for threads without rseq (head: the thread's share of the count,
+  // until killed_), or nullptr where thread slots are not usable or could
+  // not be mapped.
   internal::thread_slot* thread_slots_ = nullptr;
-  int slot_count_ = 0;
-  bool rseq_on_slots_ = false;
   std::atomic<std::int64_t> count_;
-  std::atomic<int> killed_{0};
-  std::atomic<int> released_{0};
-  int kill_busy_ = 0;  // a flag (cpu_slots.hpp): held while kill() runs and across fork
   release_function release_;
   void* context_;
+  int slot_count_ = 0;  // max_cpus(), or 0 without slots
+  int kill_busy_ = 0;   // a flag (cpu_slots.hpp): held while kill() runs and across fork
+  int forking_pid_ = 0;  // before_fork()'s process, so after_fork() knows a child
+  std::atomic<std::uint8_t> killed_{0};
+  std::atomic<std::uint8_t> released_{0};
+  bool rseq_on_slots_ = false;
 };
 
 // The hot path: a compare-and-store of the CPU's rseq word, value plus
@@ -151,7 +176,7 @@ inline bool ref::add_local(std::intptr_t step) noexcept {
   if (__builtin_expect(static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_), 0)) {
     return false;
   }
-  std::intptr_t* word = &slots_[cpu].rseq.head;
+  std::intptr_t* word = &internal::stride_copy(slots_, static_cast<unsigned>(cpu))->rseq.head;
   const std::intptr_t seen = *reinterpret_cast<volatile std::intptr_t*>(word);
   if (step < 0) PERCPU_TSAN_RELEASE(this);  // a put: after its last read of *this
   return __builtin_expect(seen != internal::kSlotLocked, 1) &&

@@ -8,15 +8,19 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <new>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "tests/stress/stress.hpp"
+#include "tests/support/pages.hpp"
 
 namespace percpu {
 namespace {
@@ -93,6 +97,129 @@ TEST(RefTest, PutOnAnotherCpuThanItsGet) {
     r.put();
   }
   EXPECT_EQ(log.calls.load(), 1);
+}
+
+// Where a ref's per-CPU words and its threads' words are (CPU 0's and
+// thread index 0's copies), read without a seam in the library: an explicit
+// instantiation may name private members ([temp.spec.general]), and the
+// friends it defines hand the pointers out.
+const void* cpu_words(const ref& r);
+const void* thread_words(const ref& r);
+template <auto Slots, auto Threads>
+struct expose_ref_words {
+  friend const void* cpu_words(const ref& r) { return r.*Slots; }
+  friend const void* thread_words(const ref& r) { return r.*Threads; }
+};
+template struct expose_ref_words<&ref::slots_, &ref::thread_slots_>;
+
+// Memory per instance (ref.hpp, "Memory"): 100,000 refs, each taken and
+// dropped once, take 32 bytes per possible CPU, and 64 for each thread
+// without rseq that used them, beside the ref itself; not the page and the
+// 8 KiB of thread words each took before. Then the first 2,048 are killed
+// (each kill fences every CPU, which is slow under emulation), and those
+// take no more: kill() writes every CPU's words but no thread's. Counted
+// with mincore over every copy, before anything reads them.
+struct ref_pages {
+  long cpu = -1;     // pages present in the refs' per-CPU words
+  long thread = -1;  // and in their thread words
+};
+
+ref_pages pages_behind(const ref* refs, long n) {
+  const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::set<std::uintptr_t> cpu0, thread0;
+  for (long i = 0; i < n; ++i) {
+    cpu0.insert(reinterpret_cast<std::uintptr_t>(cpu_words(refs[i])) & ~(page - 1));
+    if (const void* t = thread_words(refs[i])) {
+      thread0.insert(reinterpret_cast<std::uintptr_t>(t) & ~(page - 1));
+    }
+  }
+  ref_pages p;
+  p.cpu = test::present_stride_pages(cpu0, max_cpus());
+  p.thread = test::present_stride_pages(thread0, internal::kThreadSlots);
+  return p;
+}
+
+double bytes_each(const ref_pages& p, long n) {
+  return static_cast<double>(p.cpu + p.thread) * static_cast<double>(sysconf(_SC_PAGESIZE)) / n +
+         sizeof(ref);
+}
+
+TEST(RefTest, AHundredThousandRefsTakeBytesEach) {
+  constexpr long kRefs = 100000;
+  constexpr long kKilled = 2048;
+  release_log log;
+  std::unique_ptr<unsigned char[]> storage(new unsigned char[kRefs * sizeof(ref)]);
+  ref* refs = reinterpret_cast<ref*>(storage.get());
+  for (long i = 0; i < kRefs; ++i) {
+    ref* r = new (&refs[i]) ref(on_release, &log);
+    r->get();
+    r->put();
+  }
+  for (long i = 0; i < kRefs; ++i) ASSERT_NE(cpu_words(refs[i]), nullptr) << "ref " << i;
+  const ref_pages used = pages_behind(refs, kRefs);
+  ASSERT_GE(used.cpu, 0);
+  ASSERT_GE(used.thread, 0);
+  for (long i = 0; i < kKilled; ++i) refs[i].kill();
+  EXPECT_EQ(log.calls.load(), kKilled) << "every killed ref released once";
+  const ref_pages killed = pages_behind(refs, kKilled);
+  ASSERT_GE(killed.cpu, 0);
+  ASSERT_GE(killed.thread, 0);
+
+  const int indexes = internal::thread_index_limit();
+  std::printf("%ld refs, each used once: %.1f bytes each (%ld pages of per-CPU words, %ld of "
+              "thread words, %zu bytes of the ref itself); the first %ld, killed: %.1f bytes "
+              "each; %d possible CPUs, %d thread indexes handed out\n",
+              kRefs, bytes_each(used, kRefs), used.cpu, used.thread, sizeof(ref), kKilled,
+              bytes_each(killed, kKilled), max_cpus(), indexes);
+  // 32 bytes per CPU; 64 per thread index (only a thread without rseq that
+  // used the refs wrote its copies, but any index handed out may have); the
+  // chunks' headers and the last, partly used pages: 16 bytes, or for the
+  // killed refs a page of each CPU's region and of up to 4 chunk headers.
+  const double bound = sizeof(ref) + 32.0 * max_cpus() + 64.0 * indexes;
+  EXPECT_LE(bytes_each(used, kRefs), bound + 16) << "more than the words a ref needs";
+  EXPECT_LE(bytes_each(killed, kKilled),
+            bound + static_cast<double>(sysconf(_SC_PAGESIZE)) * (max_cpus() + 4) / kKilled)
+      << "kill() filled more than the CPUs' words";
+  // Qualified: clang warns of a destructor call on a class with virtual
+  // functions (the fork hooks), which users never derive from.
+  for (long i = 0; i < kRefs; ++i) refs[i].ref::~ref();
+}
+
+// kill() walks the words of the thread indexes handed out so far, and a
+// thread that first takes an index after that walk must not add to its word,
+// which nobody folds any more (ref.cpp, add_slow). Run in a fresh process
+// (gtest's "threadsafe" style runs the test anew), where the thread below
+// takes an index no earlier thread took: if its get() went to its word, the
+// main thread's put() would release the ref while that thread still holds
+// a reference. Threads with rseq take the per-CPU path and must hold too.
+TEST(RefTest, AThreadNewAfterKillIsCountedExactly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        std::atomic<long> held{1};
+        release_log log;
+        log.held = &held;
+        ref r(on_release, &log);
+        r.get();  // the main thread's reference
+        r.kill();
+        std::atomic<int> step{0};
+        std::thread late([&] {
+          r.get();
+          held.fetch_add(1);
+          step.store(1);
+          while (step.load() != 2) std::this_thread::yield();
+          held.fetch_sub(1);
+          r.put();
+        });
+        while (step.load() != 1) std::this_thread::yield();
+        held.fetch_sub(1);
+        r.put();
+        const int early = log.calls.load();
+        step.store(2);
+        late.join();
+        std::_Exit(early != 0 ? 1 : log.calls.load() != 1 ? 2 : log.held_at_release.load() != 0 ? 3 : 0);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 // ---- races ---------------------------------------------------------------------

@@ -453,7 +453,7 @@ __attribute__((constructor(102))) void prepare_remote_fences_at_load() {
 
 bool prepare_remote_fences() noexcept { return prepare_fences_unless(thread_count::unknown); }
 
-lock_result lock_slot(cpu_slot* slot, int cpu, std::intptr_t* value) noexcept {
+lock_result lock_slot(cpu_slot_words* slot, int cpu, std::intptr_t* value) noexcept {
   // Decide before touching the head whether a fence will be possible, so a
   // refusal never leaves kSlotLocked behind; and before taking the flag, so
   // a first registration (a slow system call) never runs under it. Users
@@ -487,7 +487,7 @@ lock_result lock_slot(cpu_slot* slot, int cpu, std::intptr_t* value) noexcept {
   return lock_result::busy;
 }
 
-void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept {
+void unlock_slot(cpu_slot_words* slot, std::intptr_t value) noexcept {
   __atomic_store_n(&slot->head, value, __ATOMIC_RELEASE);
   release(&slot->locker);
 }

@@ -144,10 +144,14 @@ constexpr int kFlagAbandoned = -2;
 constexpr long kAbandonedHolderNs = 10L * 1000 * 1000 * 1000;
 
 // One CPU's slot: the head owner sections update and the locker flag.
-struct alignas(64) cpu_slot {
+// cpu_slot_words are the words alone, for structures whose per-CPU memory
+// already keeps two CPUs' copies apart (internal/stride_arena.hpp: ref);
+// cpu_slot gives them a cache line of their own, for arrays indexed by CPU.
+struct cpu_slot_words {
   std::intptr_t head;  // plain stores by owner sections; atomics by lockers
   int locker;          // a flag
 };
+struct alignas(64) cpu_slot : cpu_slot_words {};
 
 enum class lock_result {
   acquired,  // the caller owns the list and must call unlock_slot
@@ -157,9 +161,9 @@ enum class lock_result {
 
 // Locks `slot`, the slot of CPU `cpu`, for a thread that is not its owner
 // section. On acquired, *value is the list's head.
-[[nodiscard]] lock_result lock_slot(cpu_slot* slot, int cpu, std::intptr_t* value) noexcept;
+[[nodiscard]] lock_result lock_slot(cpu_slot_words* slot, int cpu, std::intptr_t* value) noexcept;
 // Publishes `value` as the new head and releases the slot.
-void unlock_slot(cpu_slot* slot, std::intptr_t value) noexcept;
+void unlock_slot(cpu_slot_words* slot, std::intptr_t value) noexcept;
 // False when lock_slot would refuse: sections may run and there is no fence.
 [[nodiscard]] bool remote_access_possible() noexcept;
 // Whether lock_slot can fence a CPU (membarrier with the RSEQ command),

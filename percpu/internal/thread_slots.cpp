@@ -100,6 +100,22 @@ thread_slot* new_thread_slots(std::intptr_t empty) {
   return slots;
 }
 
+namespace {
+// Every ref's thread slots, one object of kThreadSlots copies each.
+stride_arena g_thread_slot_copies(sizeof(thread_slot), kThreadSlots);
+}  // namespace
+
+thread_slot* new_thread_slot_copies() noexcept {
+  if (!thread_slots_usable()) return nullptr;
+  return static_cast<thread_slot*>(g_thread_slot_copies.allocate());
+}
+
+void delete_thread_slot_copies(thread_slot* copy0) noexcept {
+  if (copy0 != nullptr) {
+    g_thread_slot_copies.deallocate(copy0, static_cast<unsigned>(thread_index_limit()));
+  }
+}
+
 lock_result lock_thread_slot(thread_slot* slot) noexcept {
   if (!try_take_flag(&slot->locker)) return lock_result::busy;
   __atomic_store_n(&slot->revoked, 1, __ATOMIC_SEQ_CST);
@@ -146,35 +162,20 @@ bool wait_until_idle(thread_slot* slot, int index, holder_verdict* verdict) noex
 
 }  // namespace
 
-bool revoke_all_thread_slots(thread_slot* slots) noexcept {
-  for (int i = 0; i < kThreadSlots; ++i) {
-    if (!wait_for_flag(&slots[i].locker)) {
-      // Only a kill() or a fork handler takes these lockers, so this one
-      // was left by a jump out of either (reported): nothing exact is left
-      // to do.
-      for (int j = 0; j < i; ++j) unlock_thread_slot(&slots[j]);
-      return false;
-    }
-    __atomic_store_n(&slots[i].revoked, 1, __ATOMIC_SEQ_CST);
-  }
-  if (!barrier_all()) {
-    restore_all_thread_slots(slots);
-    return false;
-  }
-  for (int i = 0; i < kThreadSlots; ++i) {
+bool wait_for_thread_slot_owners(thread_slot_table slots, int* indexes) noexcept {
+  if (!barrier_all()) return false;
+  const int limit = thread_index_limit();
+  for (int i = 0; i < limit; ++i) {
     holder_verdict verdict = holder_verdict::running;
-    if (!wait_until_idle(&slots[i], i, &verdict)) {
+    if (!wait_until_idle(slots.at(i), i, &verdict)) {
       // Its owner left a get() or put() by a jump, or exited inside one:
       // it never writes this word again (its next operation finds busy set
       // and takes the atomic paths), so the word is final as it is.
       report_abandoned("a thread's word of a percpu::ref, at kill(),", verdict);
     }
   }
+  *indexes = limit;
   return true;
-}
-
-void restore_all_thread_slots(thread_slot* slots) noexcept {
-  for (int i = 0; i < kThreadSlots; ++i) unlock_thread_slot(&slots[i]);
 }
 
 namespace {
@@ -182,14 +183,14 @@ namespace {
 int g_forking_pid = 0;
 }  // namespace
 
-void revoke_thread_slots_for_fork(thread_slot* slots) noexcept {
+void revoke_thread_slots_for_fork(thread_slot_table table) noexcept {
   __atomic_store_n(&g_forking_pid, getpid(), __ATOMIC_RELAXED);
   for (int i = 0; i < kThreadSlots; ++i) {
-    fork_wait_for_flag(&slots[i].locker);
+    fork_wait_for_flag(&table.at(i)->locker);
     // A locker this handler could not take keeps the revoked flag its
     // holder set (or cleared).
-    if (__atomic_load_n(&slots[i].locker, __ATOMIC_RELAXED) == kFlagForked) {
-      __atomic_store_n(&slots[i].revoked, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&table.at(i)->locker, __ATOMIC_RELAXED) == kFlagForked) {
+      __atomic_store_n(&table.at(i)->revoked, 1, __ATOMIC_SEQ_CST);
     }
   }
   if (!barrier_all()) __atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -197,7 +198,7 @@ void revoke_thread_slots_for_fork(thread_slot* slots) noexcept {
   for (int i = 0; i < kThreadSlots; ++i) {
     if (i == self) continue;
     holder_verdict verdict = holder_verdict::running;
-    if (!wait_until_idle(&slots[i], i, &verdict) && verdict != holder_verdict::self) {
+    if (!wait_until_idle(table.at(i), i, &verdict) && verdict != holder_verdict::self) {
       // The child clears it (restore_thread_slots_after_fork); the parent
       // keeps it as its owner left it.
       report_abandoned("a thread's slot of a percpu structure, at fork(),", verdict);
@@ -205,7 +206,7 @@ void revoke_thread_slots_for_fork(thread_slot* slots) noexcept {
   }
 }
 
-void restore_thread_slots_after_fork(thread_slot* slots) noexcept {
+void restore_thread_slots_after_fork(thread_slot_table table) noexcept {
   // An owner that found its slot revoked stores busy = 1 and then 0 again;
   // a fork between the two leaves busy set in the child, where that thread
   // does not exist, and lockers there would find the slot busy for ever. The
@@ -213,11 +214,22 @@ void restore_thread_slots_after_fork(thread_slot* slots) noexcept {
   const bool child = getpid() != __atomic_load_n(&g_forking_pid, __ATOMIC_RELAXED);
   const int self = t_thread_index_plus_one - 1;
   for (int i = 0; i < kThreadSlots; ++i) {
-    if (child && i != self) __atomic_store_n(&slots[i].busy, 0, __ATOMIC_RELAXED);
-    if (__atomic_load_n(&slots[i].locker, __ATOMIC_RELAXED) == kFlagForked) {
-      __atomic_store_n(&slots[i].revoked, 0, __ATOMIC_RELEASE);
+    if (child && i != self && __atomic_load_n(&table.at(i)->busy, __ATOMIC_RELAXED) != 0) {
+      __atomic_store_n(&table.at(i)->busy, 0, __ATOMIC_RELAXED);
     }
-    fork_release_flag(&slots[i].locker);
+    if (__atomic_load_n(&table.at(i)->locker, __ATOMIC_RELAXED) == kFlagForked) {
+      __atomic_store_n(&table.at(i)->revoked, 0, __ATOMIC_RELEASE);
+    }
+    fork_release_flag(&table.at(i)->locker);
+  }
+}
+
+void clear_thread_slots_in_child(thread_slot_table slots) noexcept {
+  const int self = t_thread_index_plus_one - 1;
+  for (int i = 0; i < kThreadSlots; ++i) {
+    if (i != self && __atomic_load_n(&slots.at(i)->busy, __ATOMIC_RELAXED) != 0) {
+      __atomic_store_n(&slots.at(i)->busy, 0, __ATOMIC_RELAXED);
+    }
   }
 }
 

@@ -16,7 +16,7 @@
 //   the shared path. It ends with a release store of busy = 0.
 //
 // Remote access (lock_thread_slot / unlock_thread_slot)
-//   Steals, take_all, trim and kill take the slot's locker flag, store
+//   Steals, take_all and trim take the slot's locker flag, store
 //   revoked = 1, issue barrier_all() (membarrier PRIVATE_EXPEDITED), then
 //   read busy. This is the asymmetric Dekker of shared_mutex: after the
 //   barrier, either the owner's busy = 1 is visible here or the owner's later
@@ -38,10 +38,15 @@
 //   taken there. Beyond kThreadSlots live threads, later ones get -1 and keep
 //   the locked per-CPU path.
 //
+// Stopping every owner for good (wait_for_thread_slot_owners)
+//   ref::kill() needs no lock: it stores a flag of its own that owners read
+//   after entering, and one barrier, then waits for the owners inside.
+//
 // Fork
 //   A structure's fork handler revokes every thread slot with one barrier and
 //   waits (rule R3: owners never wait while busy) until none is busy, so the
-//   child never inherits a slot in the middle of an update.
+//   child never inherits a slot in the middle of an update. ref, whose
+//   owners update with one store, only clears stale busy flags in the child.
 //
 // Async-signal-safe: everything but new_thread_slots.
 #pragma once
@@ -49,6 +54,7 @@
 #include <cstdint>
 
 #include "percpu/internal/cpu_slots.hpp"
+#include "percpu/internal/stride_arena.hpp"
 
 namespace percpu {
 namespace internal {
@@ -61,6 +67,27 @@ struct alignas(64) thread_slot {
   int busy;            // written only by the owning thread (and its handlers)
   int revoked;         // written only by the holder of locker
   int locker;          // a flag (cpu_slots.hpp)
+};
+
+static_assert(sizeof(thread_slot) == 64, "a thread's slot is one cache line");
+
+// Where one structure keeps its thread slots: index i's at
+// base + (i << shift). Either an array of kThreadSlots (new_thread_slots;
+// free_list, object_pool, shared_mutex) or one object of the thread-index
+// arena (new_thread_slot_copies; ref), whose copies are kStride apart, so
+// that a structure pays only for the indexes whose threads write to it: an
+// untouched copy shares its page with the same index's copies of other
+// structures, and a page no thread writes is never filled.
+struct thread_slot_table {
+  thread_slot* base;
+  unsigned shift;
+
+  static thread_slot_table of_array(thread_slot* slots) noexcept { return {slots, 6}; }
+  static thread_slot_table of_copies(thread_slot* copy0) noexcept { return {copy0, kStrideShift}; }
+  thread_slot* at(int index) const noexcept {
+    return reinterpret_cast<thread_slot*>(reinterpret_cast<std::uintptr_t>(base) +
+                                          (static_cast<std::uintptr_t>(index) << shift));
+  }
 };
 
 // The calling thread's index in [0, kThreadSlots), or -1.
@@ -88,6 +115,14 @@ PERCPU_EXPORT int claim_thread_index() noexcept;
 // head `empty` and nothing else (release it with delete[]), or nullptr where
 // thread_slots_usable() is false.
 thread_slot* new_thread_slots(std::intptr_t empty);
+// A structure's thread slots as one object of the thread-index arena
+// (thread_slot_table::of_copies), every word zero, or nullptr where
+// thread_slots_usable() is false or no memory can be mapped.
+// Async-signal-safe, no malloc. Give it back with delete_thread_slot_copies
+// once nobody uses it: it zeroes the copies of the indexes handed out so far
+// (only those can have been written) and keeps the object for reuse.
+thread_slot* new_thread_slot_copies() noexcept;
+void delete_thread_slot_copies(thread_slot* copy0) noexcept;
 
 [[nodiscard]] inline bool thread_slot_enter(thread_slot* slot) noexcept {
   if (__atomic_load_n(&slot->busy, __ATOMIC_RELAXED) != 0) return false;
@@ -103,19 +138,31 @@ inline void thread_slot_leave(thread_slot* slot) noexcept {
 
 [[nodiscard]] lock_result lock_thread_slot(thread_slot* slot) noexcept;
 void unlock_thread_slot(thread_slot* slot) noexcept;
-// Locks every slot of `slots` with one barrier instead of one each: takes
-// every locker flag, revokes all, fences once, then waits until no owner is
-// inside (owners never wait, rule R2). Only for callers outside signal
-// handlers whose slots' lockers nobody else takes meanwhile (ref::kill,
-// under its kill_busy_, which its fork handler takes too), so taking the
-// flags never actually waits while holding one (rule R1). False, with
-// nothing held, when the barrier fails.
-[[nodiscard]] bool revoke_all_thread_slots(thread_slot* slots) noexcept;
-void restore_all_thread_slots(thread_slot* slots) noexcept;
+// Stops every owner of `slots` without touching them, for a structure that
+// has stored a flag of its own before the call (ref's killed_) which owners
+// read after thread_slot_enter() and, seeing it set, leave their slot
+// alone. One barrier, then: every owner that enters from then on reads the
+// flag; every owner inside is seen busy, and waited for (owners never wait,
+// rule R2). *indexes: every index whose slot can have been written is below
+// it. Why the indexes read after the barrier suffice: a thread publishes
+// its index (thread_index_limit) before it first enters a slot, so one whose
+// publication that read misses passed its barrier point before publishing,
+// and reads the flag. Nothing is written, so a slot that no thread touched
+// keeps its page unfilled. False when the barrier fails. Not from a signal
+// handler (it may wait).
+[[nodiscard]] bool wait_for_thread_slot_owners(thread_slot_table slots, int* indexes) noexcept;
 // Fork handler helpers (R3): revoke every slot of `slots` and wait until no
-// owner but the calling thread is inside; then undo.
-void revoke_thread_slots_for_fork(thread_slot* slots) noexcept;
-void restore_thread_slots_after_fork(thread_slot* slots) noexcept;
+// owner but the calling thread is inside; then undo. For structures whose
+// owners update a slot in several steps (free_list, object_pool).
+void revoke_thread_slots_for_fork(thread_slot_table slots) noexcept;
+void restore_thread_slots_after_fork(thread_slot_table slots) noexcept;
+// The child's half for a structure whose owners update a slot with one
+// store (ref), which needs nothing before the fork: the child sees each
+// word before or after that store, and this clears the busy flags that
+// threads which do not exist in the child left set (all but the calling
+// thread's own). Reads every index's slot, writes only those, so no page of
+// an untouched slot fills.
+void clear_thread_slots_in_child(thread_slot_table slots) noexcept;
 
 }  // namespace internal
 }  // namespace percpu
