@@ -55,11 +55,13 @@ free_list::~free_list() {
 void free_list::before_fork() noexcept {
   for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);
   internal::wait_for_consumer(&overflow_);
-  if (thread_slots_ != nullptr) internal::revoke_thread_slots_for_fork(internal::thread_slot_table::of_array(thread_slots_));
+  if (thread_slots_ != nullptr)
+    internal::revoke_thread_slots_for_fork(internal::thread_slot_table::of_array(thread_slots_));
 }
 
 void free_list::after_fork() noexcept {
-  if (thread_slots_ != nullptr) internal::restore_thread_slots_after_fork(internal::thread_slot_table::of_array(thread_slots_));
+  if (thread_slots_ != nullptr)
+    internal::restore_thread_slots_after_fork(internal::thread_slot_table::of_array(thread_slots_));
   internal::release_consumer(&overflow_);
   for (int i = 0; i < slot_count_; ++i) internal::release_locker(&slots_[i]);
 }

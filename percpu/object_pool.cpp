@@ -142,13 +142,15 @@ object_pool::~object_pool() {
 void object_pool::before_fork() noexcept {
   for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);
   internal::wait_for_consumer(&overflow_);
-  if (thread_slots_ != nullptr) internal::revoke_thread_slots_for_fork(internal::thread_slot_table::of_array(thread_slots_));
+  if (thread_slots_ != nullptr)
+    internal::revoke_thread_slots_for_fork(internal::thread_slot_table::of_array(thread_slots_));
   internal::fork_wait_for_flag(&depot_flag_);
 }
 
 void object_pool::after_fork() noexcept {
   internal::fork_release_flag(&depot_flag_);
-  if (thread_slots_ != nullptr) internal::restore_thread_slots_after_fork(internal::thread_slot_table::of_array(thread_slots_));
+  if (thread_slots_ != nullptr)
+    internal::restore_thread_slots_after_fork(internal::thread_slot_table::of_array(thread_slots_));
   internal::release_consumer(&overflow_);
   for (int i = 0; i < slot_count_; ++i) internal::release_locker(&slots_[i]);
 }

@@ -156,8 +156,8 @@ class ref : private internal::fork_participant {
   std::atomic<std::int64_t> count_;
   release_function release_;
   void* context_;
-  int slot_count_ = 0;  // max_cpus(), or 0 without slots
-  int kill_busy_ = 0;   // a flag (cpu_slots.hpp): held while kill() runs and across fork
+  int slot_count_ = 0;   // max_cpus(), or 0 without slots
+  int kill_busy_ = 0;    // a flag (cpu_slots.hpp): held while kill() runs and across fork
   int forking_pid_ = 0;  // before_fork()'s process, so after_fork() knows a child
   std::atomic<std::uint8_t> killed_{0};
   std::atomic<std::uint8_t> released_{0};

@@ -166,11 +166,12 @@ TEST(RefTest, AHundredThousandRefsTakeBytesEach) {
   ASSERT_GE(killed.thread, 0);
 
   const int indexes = internal::thread_index_limit();
-  std::printf("%ld refs, each used once: %.1f bytes each (%ld pages of per-CPU words, %ld of "
-              "thread words, %zu bytes of the ref itself); the first %ld, killed: %.1f bytes "
-              "each; %d possible CPUs, %d thread indexes handed out\n",
-              kRefs, bytes_each(used, kRefs), used.cpu, used.thread, sizeof(ref), kKilled,
-              bytes_each(killed, kKilled), max_cpus(), indexes);
+  std::printf(
+      "%ld refs, each used once: %.1f bytes each (%ld pages of per-CPU words, %ld of "
+      "thread words, %zu bytes of the ref itself); the first %ld, killed: %.1f bytes "
+      "each; %d possible CPUs, %d thread indexes handed out\n",
+      kRefs, bytes_each(used, kRefs), used.cpu, used.thread, sizeof(ref), kKilled,
+      bytes_each(killed, kKilled), max_cpus(), indexes);
   // 32 bytes per CPU; 64 per thread index (only a thread without rseq that
   // used the refs wrote its copies, but any index handed out may have); the
   // chunks' headers and the last, partly used pages: 16 bytes, or for the
@@ -217,7 +218,10 @@ TEST(RefTest, AThreadNewAfterKillIsCountedExactly) {
         const int early = log.calls.load();
         step.store(2);
         late.join();
-        std::_Exit(early != 0 ? 1 : log.calls.load() != 1 ? 2 : log.held_at_release.load() != 0 ? 3 : 0);
+        std::_Exit(early != 0                        ? 1
+                   : log.calls.load() != 1           ? 2
+                   : log.held_at_release.load() != 0 ? 3
+                                                     : 0);
       },
       ::testing::ExitedWithCode(0), "");
 }
