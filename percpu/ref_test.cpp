@@ -189,11 +189,13 @@ TEST(RefTest, AHundredThousandRefsTakeBytesEach) {
 // kill() walks the words of the thread indexes handed out so far, and a
 // thread that first takes an index after that walk must not add to its word,
 // which nobody folds any more (ref.cpp, add_slow). Run in a fresh process
-// (gtest's "threadsafe" style runs the test anew), where the thread below
-// takes an index no earlier thread took: if its get() went to its word, the
-// main thread's put() would release the ref while that thread still holds
-// a reference. Threads with rseq take the per-CPU path and must hold too.
-TEST(RefTest, AThreadNewAfterKillIsCountedExactly) {
+// (gtest's "threadsafe" style runs the test anew; hence the DeathTest
+// suite, which lanes that cannot re-run a binary leave out), where the
+// thread below takes an index no earlier thread took: if its get() went to
+// its word, the main thread's put() would release the ref while that thread
+// still holds a reference. Threads with rseq take the per-CPU path and must
+// hold too.
+TEST(RefDeathTest, AThreadNewAfterKillIsCountedExactly) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {

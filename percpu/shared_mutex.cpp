@@ -100,6 +100,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -205,24 +206,30 @@ void note_read_unlocked(const void* mutex) noexcept {
 
 }  // namespace internal
 
+namespace {
+constexpr std::size_t kWordsBytes = sizeof(internal::reader_word) * internal::kThreadSlots;
+}  // namespace
+
 shared_mutex::~shared_mutex() {
   if ((state_.load(std::memory_order_acquire) & kUninit) == 0) unregister_for_fork();
-  internal::delete_thread_index_copies(words_.load(std::memory_order_relaxed),
-                                       sizeof(internal::reader_word));
+  internal::reader_word* words = words_.load(std::memory_order_relaxed);
+  if (words != nullptr) munmap(words, kWordsBytes);
 }
 
-// Takes the thread words (every copy zero: nobody counted), unless another
-// thread did first. Threads keep the per-CPU counts if no memory can be
-// mapped.
-static_assert(sizeof(internal::reader_word) <= 16, "an object of the 16-byte thread-index class");
+// Maps the thread words (zero-filled: nobody counted), unless another
+// thread did first. Threads keep the per-CPU counts if the mapping fails.
+static_assert(sizeof(internal::reader_word) == 64, "one cache line per thread slot");
 
 // Chooses the mode once per mutex: membarrier if the process can use it,
 // fences otherwise, and maps the thread words. The winner of the race
 // registers the mutex for fork.
 std::uint32_t shared_mutex::initialize() noexcept {
   if (words_.load(std::memory_order_acquire) == nullptr) {
-    void* memory = internal::new_thread_index_copies(sizeof(internal::reader_word));
-    if (memory != nullptr) {
+    const int saved_errno = errno;
+    void* memory =
+        mmap(nullptr, kWordsBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    errno = saved_errno;
+    if (memory != MAP_FAILED) {
       // Every thread slot's index lives at this one offset in static TLS.
       __atomic_store_n(
           &internal::g_reader_index_offset,
@@ -232,7 +239,7 @@ std::uint32_t shared_mutex::initialize() noexcept {
       internal::reader_word* expected = nullptr;
       if (!words_.compare_exchange_strong(expected, static_cast<internal::reader_word*>(memory),
                                           std::memory_order_acq_rel, std::memory_order_acquire)) {
-        internal::delete_thread_index_copies(memory, sizeof(internal::reader_word));
+        munmap(memory, kWordsBytes);
       }
     }
   }
@@ -473,8 +480,7 @@ bool shared_mutex::readers_gone() const noexcept {
   const internal::reader_word* words = words_.load(std::memory_order_acquire);
   const int limit = words != nullptr ? internal::thread_index_limit() : 0;
   for (int i = 0; i < limit; ++i) {
-    const internal::reader_word* w = internal::stride_copy(words, static_cast<unsigned>(i));
-    sum += w->count.load(std::memory_order_relaxed);
+    sum += words[i].count.load(std::memory_order_relaxed);
   }
   sum += locks_.load() - unlocks;
 #ifndef NDEBUG

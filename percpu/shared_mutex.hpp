@@ -39,7 +39,9 @@
 //   When writes are frequent and spread out, so each comes alone: each such
 //   lock() costs a membarrier, and each one keeps readers fencing for 10 ms
 //   (see "Writers in bursts"). When you need recursion,
-//   upgrades or timed locking: none is offered.
+//   upgrades or timed locking: none is offered. When memory is tight: each
+//   mutex maps one cache line per thread slot (internal::kThreadSlots lines)
+//   at its first use, and holds two more per possible CPU.
 //
 // Fairness
 //   Readers that arrive after a writer announced itself wait behind it, so
@@ -105,19 +107,6 @@
 //   always take read locks; its lock() waits forever if another parent
 //   thread held a read lock at the fork.
 //
-// Memory
-//   The mutex itself (192 bytes: the writers' words on a cache line of
-//   their own), plus 16 bytes for each thread that read-locks it: its first
-//   use takes an object of percpu's memory laid out by thread index
-//   (internal/thread_slots.hpp), where a thread's words of every mutex sit
-//   together and only the copies a thread writes fill pages. Its two
-//   per-CPU counts (counter.hpp: 16 bytes per CPU that adds to them) take
-//   memory only once a thread beyond the thread slots, or one whose word
-//   could not be mapped, reads. 100,000 mutexes, each read-locked once by
-//   one thread, take 208 bytes each, 16 of them reader words; a mutex used
-//   to take a page per reading thread. The first use makes no system call
-//   but once per chunk of 4,000 such objects.
-//
 // Construction is constexpr: a global shared_mutex is constant-initialised.
 // Destroying it while any thread uses it is undefined, as for any object.
 #pragma once
@@ -151,11 +140,8 @@ extern std::intptr_t g_reader_index_offset;
 // One thread slot's count of read locks in one mutex: +1 per lock, -1 per
 // unlock by the thread holding the slot. Written only by that thread (and
 // its signal handlers), with a relaxed load and a relaxed store; read by
-// writers. One copy per thread index, index i's at stride_copy(words, i)
-// (internal/thread_slots.hpp, new_thread_index_copies): the words of one
-// thread in many mutexes share that thread's pages, and two threads' words
-// never share a cache line.
-struct reader_word {
+// writers.
+struct alignas(64) reader_word {
   std::atomic<std::int64_t> count;
 };
 }  // namespace internal
@@ -225,8 +211,8 @@ class shared_mutex : private internal::fork_participant {
 
   // Read by every reader; written by writers, and once by initialize().
   std::atomic<std::uint32_t> state_{kUninit};
-  // Index 0's reader word, taken by initialize(); nullptr before, or if no
-  // memory could be mapped.
+  // kThreadSlots words, mapped by initialize(); nullptr before, or if the
+  // mapping failed.
   std::atomic<internal::reader_word*> words_{nullptr};
   counter locks_;
   counter unlocks_;
@@ -258,7 +244,7 @@ inline shared_mutex::word* shared_mutex::reader_word() const noexcept {
   const int plus_one = internal::load_tp_relative_i32(
       __atomic_load_n(&internal::g_reader_index_offset, __ATOMIC_RELAXED));
   if (__builtin_expect(plus_one <= 0, 0)) return nullptr;
-  return &internal::stride_copy(words, static_cast<unsigned>(plus_one - 1))->count;
+  return &words[plus_one - 1].count;
 }
 
 // Only the owning thread writes its word, so a load and a store make the

@@ -14,7 +14,6 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -22,7 +21,6 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <shared_mutex>
 #include <thread>
 #include <vector>
@@ -30,7 +28,6 @@
 #include "percpu/internal/cpu_slots.hpp"
 #include "percpu/internal/thread_slots.hpp"
 #include "tests/stress/stress.hpp"
-#include "tests/support/pages.hpp"
 
 namespace percpu {
 namespace {
@@ -50,54 +47,6 @@ TEST(SharedMutexTest, GlobalWorksWithTheStandardWrappers) {
     std::scoped_lock both(g_global, other);
   }
   { std::shared_lock<shared_mutex> r(g_global); }
-}
-
-// Where a mutex's reader words are (index 0's copy; nullptr before its
-// first use), read without a seam in the library: an explicit
-// instantiation may name a private member ([temp.spec.general]), and the
-// friend it defines hands the pointer out.
-const void* reader_words(const shared_mutex& m);
-template <auto Words>
-struct expose_reader_words {
-  friend const void* reader_words(const shared_mutex& m) {
-    return (m.*Words).load(std::memory_order_acquire);
-  }
-};
-template struct expose_reader_words<&shared_mutex::words_>;
-
-// Memory per instance (shared_mutex.hpp, "Memory"): 100,000 mutexes, each
-// read-locked once by this thread, take 16 bytes of reader words each
-// beside the mutex itself, not a page. Counted with mincore over every
-// thread index's copy, before anything reads them.
-TEST(SharedMutexTest, AHundredThousandMutexesTakeBytesEach) {
-  constexpr long kMutexes = 100000;
-  std::unique_ptr<shared_mutex[]> mutexes(new shared_mutex[kMutexes]);
-  for (long i = 0; i < kMutexes; ++i) {
-    mutexes[i].lock_shared();
-    mutexes[i].unlock_shared();
-  }
-  const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
-  std::set<std::uintptr_t> pages;
-  long without_words = 0;
-  for (long i = 0; i < kMutexes; ++i) {
-    const void* words = reader_words(mutexes[i]);
-    if (words == nullptr) {
-      ++without_words;
-      continue;
-    }
-    pages.insert(reinterpret_cast<std::uintptr_t>(words) & ~(page - 1));
-  }
-  EXPECT_EQ(without_words, 0) << "mutexes whose first use found no memory for their words";
-  const long present = test::present_stride_pages(pages, internal::kThreadSlots);
-  ASSERT_GE(present, 0);
-  const double per_mutex = static_cast<double>(present * page) / kMutexes;
-  std::printf(
-      "%ld mutexes, each read-locked once by one thread: %.1f bytes of reader words "
-      "each (%ld pages), plus %zu bytes of the mutex itself\n",
-      kMutexes, per_mutex, present, sizeof(shared_mutex));
-  // This thread's 16 bytes; the chunks' headers and the last, partly used
-  // page: 8 more.
-  EXPECT_LE(per_mutex, 16.0 + 8) << "more than one thread's word per mutex";
 }
 
 TEST(SharedMutexTest, ReadersShareWritersExclude) {

@@ -101,35 +101,19 @@ thread_slot* new_thread_slots(std::intptr_t empty) {
 }
 
 namespace {
-// Objects with one copy per thread index, by size: shared_mutex's reader
-// words (16 bytes), ref's thread slots (64).
-stride_arena g_thread_index_16(16, kThreadSlots);
-stride_arena g_thread_index_64(sizeof(thread_slot), kThreadSlots);
-
-stride_arena& thread_index_arena(std::size_t size) noexcept {
-  return size <= 16 ? g_thread_index_16 : g_thread_index_64;
-}
+// Every ref's thread slots, one object of kThreadSlots copies each.
+stride_arena g_thread_slot_copies(sizeof(thread_slot), kThreadSlots);
 }  // namespace
-
-void* new_thread_index_copies(std::size_t size) noexcept {
-  if (size > sizeof(thread_slot)) __builtin_trap();  // no caller asks for more
-  return thread_index_arena(size).allocate();
-}
-
-void delete_thread_index_copies(void* copy0, std::size_t size) noexcept {
-  // Only the indexes handed out so far can have written a copy.
-  if (copy0 != nullptr) {
-    thread_index_arena(size).deallocate(copy0, static_cast<unsigned>(thread_index_limit()));
-  }
-}
 
 thread_slot* new_thread_slot_copies() noexcept {
   if (!thread_slots_usable()) return nullptr;
-  return static_cast<thread_slot*>(new_thread_index_copies(sizeof(thread_slot)));
+  return static_cast<thread_slot*>(g_thread_slot_copies.allocate());
 }
 
 void delete_thread_slot_copies(thread_slot* copy0) noexcept {
-  delete_thread_index_copies(copy0, sizeof(thread_slot));
+  if (copy0 != nullptr) {
+    g_thread_slot_copies.deallocate(copy0, static_cast<unsigned>(thread_index_limit()));
+  }
 }
 
 lock_result lock_thread_slot(thread_slot* slot) noexcept {

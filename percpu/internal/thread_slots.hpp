@@ -123,12 +123,6 @@ thread_slot* new_thread_slots(std::intptr_t empty);
 // (only those can have been written) and keeps the object for reuse.
 thread_slot* new_thread_slot_copies() noexcept;
 void delete_thread_slot_copies(thread_slot* copy0) noexcept;
-// The same memory for other per-thread words: an object of `size` bytes
-// (16 or 64) with one copy per thread index, index i's at
-// stride_copy(copy0, i), every copy zero; nullptr when no memory can be
-// mapped. shared_mutex's reader words. Same rules as above.
-void* new_thread_index_copies(std::size_t size) noexcept;
-void delete_thread_index_copies(void* copy0, std::size_t size) noexcept;
 
 [[nodiscard]] inline bool thread_slot_enter(thread_slot* slot) noexcept {
   if (__atomic_load_n(&slot->busy, __ATOMIC_RELAXED) != 0) return false;
