@@ -59,9 +59,11 @@ void free_list::before_fork() noexcept {
     internal::revoke_thread_slots_for_fork(internal::thread_slot_table::of_array(thread_slots_));
 }
 
-void free_list::after_fork() noexcept {
-  if (thread_slots_ != nullptr)
-    internal::restore_thread_slots_after_fork(internal::thread_slot_table::of_array(thread_slots_));
+void free_list::after_fork(bool child) noexcept {
+  if (thread_slots_ != nullptr) {
+    internal::restore_thread_slots_after_fork(internal::thread_slot_table::of_array(thread_slots_),
+                                              child);
+  }
   internal::release_consumer(&overflow_);
   for (int i = 0; i < slot_count_; ++i) internal::release_locker(&slots_[i]);
 }

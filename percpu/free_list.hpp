@@ -130,7 +130,7 @@ class free_list final : private internal::fork_participant {
   PERCPU_LOCAL void push_chain_home(free_list_node* first, free_list_node* last) noexcept;
   PERCPU_LOCAL void to_overflow(free_list_node* first, free_list_node* last) noexcept;
   void before_fork() noexcept override;
-  void after_fork() noexcept override;
+  void after_fork(bool child) noexcept override;
 
   slot* slots_;
   int slot_count_;

@@ -147,10 +147,12 @@ void object_pool::before_fork() noexcept {
   internal::fork_wait_for_flag(&depot_flag_);
 }
 
-void object_pool::after_fork() noexcept {
+void object_pool::after_fork(bool child) noexcept {
   internal::fork_release_flag(&depot_flag_);
-  if (thread_slots_ != nullptr)
-    internal::restore_thread_slots_after_fork(internal::thread_slot_table::of_array(thread_slots_));
+  if (thread_slots_ != nullptr) {
+    internal::restore_thread_slots_after_fork(internal::thread_slot_table::of_array(thread_slots_),
+                                              child);
+  }
   internal::release_consumer(&overflow_);
   for (int i = 0; i < slot_count_; ++i) internal::release_locker(&slots_[i]);
 }

@@ -195,7 +195,7 @@ class object_pool final : private internal::fork_participant {
   void check_allocate(void* p) noexcept;
   void check_deallocate(void* p) noexcept;
   void before_fork() noexcept override;
-  void after_fork() noexcept override;
+  void after_fork(bool child) noexcept override;
 
   // Read-mostly, shared by every CPU.
   slot* slots_;

@@ -36,8 +36,6 @@ namespace {
   std::abort();
 }
 
-internal::stride_arena& slot_arena(std::size_t size) { return internal::stride_arena_for(size); }
-
 }  // namespace
 
 // The words come from the per-CPU memory (internal/stride_arena.hpp) and
@@ -47,7 +45,7 @@ internal::stride_arena& slot_arena(std::size_t size) { return internal::stride_a
 ref::ref(release_function release, void* context) noexcept
     : count_(kBias + 1), release_(release), context_(context) {
   const int count = max_cpus();
-  slots_ = static_cast<slot_words*>(slot_arena(sizeof(slot_words)).allocate());
+  slots_ = static_cast<slot_words*>(internal::stride_arena_for(sizeof(slot_words)).allocate());
   if (slots_ != nullptr) {
     slot_count_ = count;
     // Owner sections may write a slot only if kill() will be able to fence
@@ -73,7 +71,7 @@ ref::~ref() {
                  : "percpu::ref: destroyed with references taken by get() and not put\n");
   }
 #endif
-  if (slots_ != nullptr) slot_arena(sizeof(slot_words)).deallocate(slots_);
+  if (slots_ != nullptr) internal::stride_arena_for(sizeof(slot_words)).deallocate(slots_);
   internal::delete_thread_slot_copies(thread_slots_);
 }
 
@@ -273,13 +271,10 @@ std::int64_t ref::count() const noexcept {
 // changes its word with one store, which the child sees done or not, and
 // the child clears the busy flags of threads it does not have (which its
 // kill() would otherwise wait for forever).
-void ref::before_fork() noexcept {
-  internal::fork_wait_for_flag(&kill_busy_);
-  forking_pid_ = getpid();
-}
+void ref::before_fork() noexcept { internal::fork_wait_for_flag(&kill_busy_); }
 
-void ref::after_fork() noexcept {
-  if (thread_slots_ != nullptr && getpid() != forking_pid_) {
+void ref::after_fork(bool child) noexcept {
+  if (thread_slots_ != nullptr && child) {
     internal::clear_thread_slots_in_child(thread_table());
   }
   internal::fork_release_flag(&kill_busy_);

@@ -34,7 +34,7 @@
 //   the single atomic count; still exact.
 //
 // Memory
-//   The ref itself (80 bytes), plus 32 bytes per possible CPU and 64 per
+//   The ref itself (64 bytes), plus 32 bytes per possible CPU and 64 per
 //   thread without rseq that used it: its words come from percpu's per-CPU
 //   memory (internal/stride_arena.hpp, one copy per CPU) and from memory
 //   laid out the same way by thread index (internal/thread_slots.hpp), so a
@@ -141,7 +141,7 @@ class ref : private internal::fork_participant {
   PERCPU_LOCAL void add_to_count(std::int64_t delta, bool only_if_alive, bool* added) noexcept;
   PERCPU_LOCAL void release_now() noexcept;
   void before_fork() noexcept override;
-  void after_fork() noexcept override;
+  void after_fork(bool child) noexcept override;
 
   internal::thread_slot_table thread_table() const noexcept {
     return internal::thread_slot_table::of_copies(thread_slots_);
@@ -158,7 +158,6 @@ class ref : private internal::fork_participant {
   void* context_;
   int slot_count_ = 0;   // max_cpus(), or 0 without slots
   int kill_busy_ = 0;    // a flag (cpu_slots.hpp): held while kill() runs and across fork
-  int forking_pid_ = 0;  // before_fork()'s process, so after_fork() knows a child
   std::atomic<std::uint8_t> killed_{0};
   std::atomic<std::uint8_t> released_{0};
   bool rseq_on_slots_ = false;

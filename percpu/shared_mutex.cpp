@@ -578,7 +578,7 @@ void shared_mutex::before_fork() noexcept {
   if (fork_took_writers_) lock_writers();
 }
 
-void shared_mutex::after_fork() noexcept {
+void shared_mutex::after_fork(bool /*child*/) noexcept {
   if (fork_took_writers_) unlock_writers();
 }
 

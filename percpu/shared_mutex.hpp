@@ -207,7 +207,7 @@ class shared_mutex : private internal::fork_participant {
   PERCPU_LOCAL static void fence_after_readers_gone(bool fenced_only) noexcept;
   PERCPU_LOCAL void end_recent_if_quiet(std::uint32_t seen) noexcept;
   void before_fork() noexcept override;
-  void after_fork() noexcept override;
+  void after_fork(bool child) noexcept override;
 
   // Read by every reader; written by writers, and once by initialize().
   std::atomic<std::uint32_t> state_{kUninit};

@@ -20,14 +20,17 @@ struct fork_registry {
     begin_fork_flags();
     for (fork_participant* p = first; p != nullptr; p = p->next_) p->before_fork();
   }
-  static void release() noexcept {
-    for (fork_participant* p = first; p != nullptr; p = p->next_) p->after_fork();
+  static void release(bool child) noexcept {
+    for (fork_participant* p = first; p != nullptr; p = p->next_) p->after_fork(child);
     end_fork_flags();
     pthread_mutex_unlock(&mutex);
   }
+  static void release_in_parent() noexcept { release(false); }
+  static void release_in_child() noexcept { release(true); }
   static void install() noexcept {
     static const bool installed = [] {
-      pthread_atfork(&fork_registry::prepare, &fork_registry::release, &fork_registry::release);
+      pthread_atfork(&fork_registry::prepare, &fork_registry::release_in_parent,
+                     &fork_registry::release_in_child);
       return true;
     }();
     (void)installed;

@@ -21,7 +21,9 @@ namespace internal {
 class PERCPU_EXPORT fork_participant {
  public:
   virtual void before_fork() noexcept = 0;  // take every flag, waiting if needed
-  virtual void after_fork() noexcept = 0;   // release them (parent and child)
+  // Release them, in the parent (child false) and in the child (true),
+  // whose only thread is the one that forked.
+  virtual void after_fork(bool child) noexcept = 0;
 
  protected:
   fork_participant() = default;

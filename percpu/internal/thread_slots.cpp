@@ -178,13 +178,7 @@ bool wait_for_thread_slot_owners(thread_slot_table slots, int* indexes) noexcept
   return true;
 }
 
-namespace {
-// The process that forks, so the handler after fork knows it runs in a child.
-int g_forking_pid = 0;
-}  // namespace
-
 void revoke_thread_slots_for_fork(thread_slot_table table) noexcept {
-  __atomic_store_n(&g_forking_pid, getpid(), __ATOMIC_RELAXED);
   for (int i = 0; i < kThreadSlots; ++i) {
     fork_wait_for_flag(&table.at(i)->locker);
     // A locker this handler could not take keeps the revoked flag its
@@ -206,17 +200,12 @@ void revoke_thread_slots_for_fork(thread_slot_table table) noexcept {
   }
 }
 
-void restore_thread_slots_after_fork(thread_slot_table table) noexcept {
+void restore_thread_slots_after_fork(thread_slot_table table, bool child) noexcept {
   // An owner that found its slot revoked stores busy = 1 and then 0 again;
   // a fork between the two leaves busy set in the child, where that thread
-  // does not exist, and lockers there would find the slot busy for ever. The
-  // child has no other thread, so every busy but its own is stale.
-  const bool child = getpid() != __atomic_load_n(&g_forking_pid, __ATOMIC_RELAXED);
-  const int self = t_thread_index_plus_one - 1;
+  // does not exist, and lockers there would find the slot busy for ever.
+  if (child) clear_thread_slots_in_child(table);
   for (int i = 0; i < kThreadSlots; ++i) {
-    if (child && i != self && __atomic_load_n(&table.at(i)->busy, __ATOMIC_RELAXED) != 0) {
-      __atomic_store_n(&table.at(i)->busy, 0, __ATOMIC_RELAXED);
-    }
     if (__atomic_load_n(&table.at(i)->locker, __ATOMIC_RELAXED) == kFlagForked) {
       __atomic_store_n(&table.at(i)->revoked, 0, __ATOMIC_RELEASE);
     }
@@ -224,6 +213,7 @@ void restore_thread_slots_after_fork(thread_slot_table table) noexcept {
   }
 }
 
+// The child has no other thread, so every busy flag but its own is stale.
 void clear_thread_slots_in_child(thread_slot_table slots) noexcept {
   const int self = t_thread_index_plus_one - 1;
   for (int i = 0; i < kThreadSlots; ++i) {

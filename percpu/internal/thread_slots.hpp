@@ -152,10 +152,12 @@ void unlock_thread_slot(thread_slot* slot) noexcept;
 // handler (it may wait).
 [[nodiscard]] bool wait_for_thread_slot_owners(thread_slot_table slots, int* indexes) noexcept;
 // Fork handler helpers (R3): revoke every slot of `slots` and wait until no
-// owner but the calling thread is inside; then undo. For structures whose
-// owners update a slot in several steps (free_list, object_pool).
+// owner but the calling thread is inside; then undo (`child`: the fork
+// registry's word that this runs in the child, which also clears the busy
+// flags as below). For structures whose owners update a slot in several
+// steps (free_list, object_pool).
 void revoke_thread_slots_for_fork(thread_slot_table slots) noexcept;
-void restore_thread_slots_after_fork(thread_slot_table slots) noexcept;
+void restore_thread_slots_after_fork(thread_slot_table slots, bool child) noexcept;
 // The child's half for a structure whose owners update a slot with one
 // store (ref), which needs nothing before the fork: the child sees each
 // word before or after that store, and this clears the busy flags that
