@@ -100,10 +100,10 @@
 
 #include <pthread.h>
 #include <sched.h>
-#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -169,7 +169,7 @@ bool holds_read_lock(const void* mutex) noexcept {
 
 namespace internal {
 
-std::intptr_t g_reader_index_offset = 0;
+std::intptr_t g_reader_line_tls_offset = 0;
 
 void note_read_locked(const void* mutex) noexcept {
 #ifndef NDEBUG
@@ -206,40 +206,30 @@ void note_read_unlocked(const void* mutex) noexcept {
 
 }  // namespace internal
 
-namespace {
-constexpr std::size_t kWordsBytes = sizeof(internal::reader_word) * internal::kThreadSlots;
-}  // namespace
-
 shared_mutex::~shared_mutex() {
   if ((state_.load(std::memory_order_acquire) & kUninit) == 0) unregister_for_fork();
-  internal::reader_word* words = words_.load(std::memory_order_relaxed);
-  if (words != nullptr) munmap(words, kWordsBytes);
+  internal::delete_thread_group_copies(words_.load(std::memory_order_relaxed));
 }
 
-// Maps the thread words (zero-filled: nobody counted), unless another
-// thread did first. Threads keep the per-CPU counts if the mapping fails.
-static_assert(sizeof(internal::reader_word) == 64, "one cache line per thread slot");
-
 // Chooses the mode once per mutex: membarrier if the process can use it,
-// fences otherwise, and maps the thread words. The winner of the race
-// registers the mutex for fork.
+// fences otherwise, and takes the reader words (every one zero: nobody
+// counted), unless another thread did first. Threads keep the per-CPU
+// counts if no memory can be mapped. The winner of the race registers the
+// mutex for fork.
 std::uint32_t shared_mutex::initialize() noexcept {
   if (words_.load(std::memory_order_acquire) == nullptr) {
-    const int saved_errno = errno;
-    void* memory =
-        mmap(nullptr, kWordsBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    errno = saved_errno;
-    if (memory != MAP_FAILED) {
-      // Every thread slot's index lives at this one offset in static TLS.
-      __atomic_store_n(
-          &internal::g_reader_index_offset,
-          reinterpret_cast<char*>(&internal::t_thread_index_plus_one) - internal::thread_pointer(),
-          __ATOMIC_RELAXED);
+    void* memory = internal::new_thread_group_copies();
+    if (memory != nullptr) {
+      // Every thread's line offset lives at this one offset in static TLS.
+      __atomic_store_n(&internal::g_reader_line_tls_offset,
+                       reinterpret_cast<char*>(&internal::t_thread_group_offset_plus_one) -
+                           internal::thread_pointer(),
+                       __ATOMIC_RELAXED);
       internal::tsan_release(&words_);  // readers acquire it in reader_word()
       internal::reader_word* expected = nullptr;
       if (!words_.compare_exchange_strong(expected, static_cast<internal::reader_word*>(memory),
                                           std::memory_order_acq_rel, std::memory_order_acquire)) {
-        munmap(memory, kWordsBytes);
+        internal::delete_thread_group_copies(memory);
       }
     }
   }
@@ -479,8 +469,11 @@ bool shared_mutex::readers_gone() const noexcept {
   std::int64_t sum = 0;
   const internal::reader_word* words = words_.load(std::memory_order_acquire);
   const int limit = words != nullptr ? internal::thread_index_limit() : 0;
-  for (int i = 0; i < limit; ++i) {
-    sum += words[i].count.load(std::memory_order_relaxed);
+  // A group's lines side by side, then the next group's copy.
+  for (int group = 0; group * internal::kThreadGroup < limit; ++group) {
+    const internal::reader_word* line = internal::stride_copy(words, static_cast<unsigned>(group));
+    const int lines = std::min(internal::kThreadGroup, limit - group * internal::kThreadGroup);
+    for (int j = 0; j < lines; ++j) sum += line[j].count.load(std::memory_order_relaxed);
   }
   sum += locks_.load() - unlocks;
 #ifndef NDEBUG

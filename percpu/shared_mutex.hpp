@@ -39,9 +39,20 @@
 //   When writes are frequent and spread out, so each comes alone: each such
 //   lock() costs a membarrier, and each one keeps readers fencing for 10 ms
 //   (see "Writers in bursts"). When you need recursion,
-//   upgrades or timed locking: none is offered. When memory is tight: each
-//   mutex maps one cache line per thread slot (internal::kThreadSlots lines)
-//   at its first use, and holds two more per possible CPU.
+//   upgrades or timed locking: none is offered.
+//
+// Memory
+//   The mutex itself (128 bytes, two cache lines: the readers', the
+//   writers'), plus 256 bytes for each group of four thread indexes whose
+//   threads read-lock it: the reader words are a cache line per thread
+//   index, four indexes' lines side by side, from percpu's thread-group
+//   memory (internal/thread_slots.hpp), so that a process with few threads
+//   pays one group and a writer walks one run of lines; a group no thread
+//   touches costs nothing. The two per-CPU counts come from percpu's
+//   per-CPU memory and fill a CPU's page only for threads beyond the thread
+//   slots. 10,000 mutexes, each read-locked once from one thread and
+//   write-locked once, take about 420 bytes each (percpu-bench
+//   --structures, the memory table).
 //
 // Fairness
 //   Readers that arrive after a writer announced itself wait behind it, so
@@ -131,19 +142,21 @@ namespace internal {
 void note_read_locked(const void* mutex) noexcept;
 void note_read_unlocked(const void* mutex) noexcept;
 
-// The offset of t_thread_index_plus_one from the thread pointer, 0 until
-// the first shared_mutex is initialised. Read through a fresh thread
-// pointer on every call, so a coroutine resumed on another thread counts on
-// that thread's word (see cpu.hpp).
-extern std::intptr_t g_reader_index_offset;
+// The offset of t_thread_group_offset_plus_one (internal/thread_slots.hpp:
+// where the thread's reader word is in every mutex's words) from the thread
+// pointer, 0 until the first shared_mutex is initialised. Read through a
+// fresh thread pointer on every call, so a coroutine resumed on another
+// thread counts on that thread's word (see cpu.hpp).
+extern std::intptr_t g_reader_line_tls_offset;
 
-// One thread slot's count of read locks in one mutex: +1 per lock, -1 per
-// unlock by the thread holding the slot. Written only by that thread (and
+// One thread index's count of read locks in one mutex: +1 per lock, -1 per
+// unlock by the thread holding the index. Written only by that thread (and
 // its signal handlers), with a relaxed load and a relaxed store; read by
-// writers.
+// writers. A line of the thread-group memory (internal/thread_slots.hpp).
 struct alignas(64) reader_word {
   std::atomic<std::int64_t> count;
 };
+static_assert(sizeof(reader_word) == kThreadGroupLine, "one line of a thread group");
 }  // namespace internal
 
 class shared_mutex : private internal::fork_participant {
@@ -211,13 +224,17 @@ class shared_mutex : private internal::fork_participant {
 
   // Read by every reader; written by writers, and once by initialize().
   std::atomic<std::uint32_t> state_{kUninit};
-  // kThreadSlots words, mapped by initialize(); nullptr before, or if the
-  // mapping failed.
+  // The reader words: index i's at internal::thread_group_offset(i) bytes
+  // from here. Taken by initialize(); nullptr before, or if no memory could
+  // be mapped.
   std::atomic<internal::reader_word*> words_{nullptr};
+  // The counts of threads without a word (beyond the thread slots).
   counter locks_;
-  counter unlocks_;
-  // Writers' side, on its own line.
-  alignas(64) std::atomic<std::uint32_t> writers_{0};  // futex mutex: 0 free, 1 held, 2 contended
+  // Writers' side, on its own line, with the unlock count, which writers
+  // read first and which only those threads write (the mutex fits in two
+  // lines).
+  alignas(64) counter unlocks_;
+  std::atomic<std::uint32_t> writers_{0};  // futex mutex: 0 free, 1 held, 2 contended
   // Advanced by readers that leave while a writer is announced; the writer
   // sleeps on it.
   std::atomic<std::uint32_t> drained_{0};
@@ -231,20 +248,23 @@ class shared_mutex : private internal::fork_participant {
   std::atomic<std::uintptr_t> writer_thread_{0};
   bool fork_took_writers_ = false;  // between before_fork and after_fork
 };
+static_assert(sizeof(shared_mutex) == 128, "two cache lines: the readers', the writers'");
 
 // The reader fast path. The ordering argument is in shared_mutex.cpp
 // ("Why a reader and a writer never both get in").
 //
-// words_ with acquire order: initialize() sets g_reader_index_offset before
+// words_ with acquire order: initialize() sets g_reader_line_tls_offset before
 // it publishes the words, so a reader that sees them reads a real offset.
 inline shared_mutex::word* shared_mutex::reader_word() const noexcept {
   internal::reader_word* words = words_.load(std::memory_order_acquire);
   if (__builtin_expect(words == nullptr, 0)) return nullptr;
   PERCPU_TSAN_ACQUIRE(&words_);  // initialize() mapped them on another thread
-  const int plus_one = internal::load_tp_relative_i32(
-      __atomic_load_n(&internal::g_reader_index_offset, __ATOMIC_RELAXED));
-  if (__builtin_expect(plus_one <= 0, 0)) return nullptr;
-  return &words[plus_one - 1].count;
+  const int line_plus_one = internal::load_tp_relative_i32(
+      __atomic_load_n(&internal::g_reader_line_tls_offset, __ATOMIC_RELAXED));
+  if (__builtin_expect(line_plus_one <= 0, 0)) return nullptr;
+  return &reinterpret_cast<internal::reader_word*>(reinterpret_cast<char*>(words) +
+                                                   (line_plus_one - 1))
+              ->count;
 }
 
 // Only the owning thread writes its word, so a load and a store make the

@@ -14,13 +14,16 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <thread>
 #include <vector>
@@ -28,6 +31,7 @@
 #include "percpu/internal/cpu_slots.hpp"
 #include "percpu/internal/thread_slots.hpp"
 #include "tests/stress/stress.hpp"
+#include "tests/support/pages.hpp"
 
 namespace percpu {
 namespace {
@@ -47,6 +51,101 @@ TEST(SharedMutexTest, GlobalWorksWithTheStandardWrappers) {
     std::scoped_lock both(g_global, other);
   }
   { std::shared_lock<shared_mutex> r(g_global); }
+}
+
+// Where a mutex's reader words are (the first group's copy; nullptr before
+// its first use), read without a seam in the library: an explicit
+// instantiation may name a private member ([temp.spec.general]), and the
+// friend it defines hands the pointer out.
+const void* reader_words(const shared_mutex& m);
+template <auto Words>
+struct expose_reader_words {
+  friend const void* reader_words(const shared_mutex& m) {
+    return (m.*Words).load(std::memory_order_acquire);
+  }
+};
+template struct expose_reader_words<&shared_mutex::words_>;
+
+// Memory per instance (shared_mutex.hpp, "Memory"): 100,000 mutexes, each
+// read-locked once by this thread, take one group of reader words each
+// (internal::kThreadGroup lines) beside the mutex itself, not a page.
+// Counted with mincore over every group's copy, before anything reads
+// them (a writer's walk would map the zero page under the groups it reads).
+TEST(SharedMutexTest, AHundredThousandMutexesTakeBytesEach) {
+  constexpr long kMutexes = 100000;
+  std::unique_ptr<shared_mutex[]> mutexes(new shared_mutex[kMutexes]);
+  for (long i = 0; i < kMutexes; ++i) {
+    mutexes[i].lock_shared();
+    mutexes[i].unlock_shared();
+  }
+  const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::set<std::uintptr_t> pages;
+  long without_words = 0;
+  for (long i = 0; i < kMutexes; ++i) {
+    const void* words = reader_words(mutexes[i]);
+    if (words == nullptr) {
+      ++without_words;
+      continue;
+    }
+    pages.insert(reinterpret_cast<std::uintptr_t>(words) & ~(page - 1));
+  }
+  EXPECT_EQ(without_words, 0) << "mutexes whose first use found no memory for their words";
+  const long present =
+      test::present_stride_pages(pages, internal::kThreadSlots / internal::kThreadGroup);
+  ASSERT_GE(present, 0);
+  const double per_mutex = static_cast<double>(present * page) / kMutexes;
+  constexpr double kGroupBytes = internal::kThreadGroup * internal::kThreadGroupLine;
+  std::printf(
+      "%ld mutexes, each read-locked once by one thread: %.1f bytes of reader words "
+      "each (%ld pages), plus %zu bytes of the mutex itself\n",
+      kMutexes, per_mutex, present, sizeof(shared_mutex));
+  // This thread's group; the chunks' headers and the last, partly used
+  // page: a few bytes more.
+  EXPECT_LE(per_mutex, kGroupBytes + 8) << "more than one group of reader words per mutex";
+}
+
+// A reader on each thread index of three groups holds the mutex at once,
+// and they leave one by one: a writer must see every one still inside, the
+// last group's as much as the first's (its walk crosses from one group's
+// copy to the next). Once from the highest index down, once from the lowest
+// up, so that each end is the last one holding.
+void readers_in_every_group_leave_one_by_one(bool highest_first) {
+  constexpr int kReaders = 3 * internal::kThreadGroup;
+  shared_mutex m;
+  m.lock_shared();  // takes the words
+  m.unlock_shared();
+  std::atomic<int> locked{0};
+  std::vector<std::atomic<int>> release(kReaders);
+  std::vector<int> index(kReaders, -1);
+  std::vector<std::thread> readers;
+  for (int r = 0; r < kReaders; ++r) {
+    readers.emplace_back([&, r] {
+      index[r] = internal::thread_index();
+      m.lock_shared();
+      locked.fetch_add(1);
+      while (release[r].load() == 0) std::this_thread::yield();
+      m.unlock_shared();
+    });
+  }
+  while (locked.load() != kReaders) std::this_thread::yield();
+  std::vector<int> order(kReaders);
+  for (int r = 0; r < kReaders; ++r) order[r] = r;
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return highest_first ? index[a] > index[b] : index[a] < index[b];
+  });
+  for (int k = 0; k < kReaders; ++k) {
+    EXPECT_FALSE(m.try_lock()) << (kReaders - k) << " readers hold it, the next to leave on index "
+                               << index[order[k]];
+    release[order[k]].store(1);
+    readers[order[k]].join();
+  }
+  EXPECT_TRUE(m.try_lock());
+  m.unlock();
+}
+
+TEST(SharedMutexTest, AWriterSeesReadersInEveryGroup) {
+  readers_in_every_group_leave_one_by_one(/*highest_first=*/true);
+  readers_in_every_group_leave_one_by_one(/*highest_first=*/false);
 }
 
 TEST(SharedMutexTest, ReadersShareWritersExclude) {
@@ -114,22 +213,38 @@ TEST(SharedMutexTest, TheNewestThreadsReadLockKeepsWritersOut) {
   shared_mutex m;
   m.lock_shared();  // maps the words; this thread takes its index first
   m.unlock_shared();
-  for (int i = 0; i < 4; ++i) {
-    std::atomic<int> step{0};
-    std::thread reader([&] {
+  // Every thread stays alive until the end, so each takes an index nobody
+  // holds: the lowest that an earlier test's exited threads left, then new
+  // ones, each the newest. Four rounds on a newest index.
+  constexpr int kThreads = internal::kThreadSlots - 8;
+  std::vector<std::atomic<int>> step(kThreads);
+  std::vector<int> index(kThreads, -1);
+  std::atomic<bool> all_may_exit{false};
+  std::vector<std::thread> readers;
+  int newest_rounds = 0;
+  for (int i = 0; i < kThreads && newest_rounds < 4; ++i) {
+    readers.emplace_back([&, i] {
+      index[i] = internal::thread_index();
       m.lock_shared();
-      step.store(1);
-      while (step.load() != 2) std::this_thread::yield();
+      step[i].store(1);
+      while (step[i].load() != 2) std::this_thread::yield();
       m.unlock_shared();
+      step[i].store(3);
+      while (!all_may_exit.load()) std::this_thread::yield();
     });
-    while (step.load() != 1) std::this_thread::yield();
-    EXPECT_FALSE(m.try_lock()) << "a writer got in beside a reader on thread index "
-                               << internal::thread_index_limit() - 1 << " (the newest)";
-    step.store(2);
-    reader.join();
+    while (step[i].load() != 1) std::this_thread::yield();
+    const bool newest = index[i] == internal::thread_index_limit() - 1;
+    newest_rounds += newest ? 1 : 0;
+    EXPECT_FALSE(m.try_lock()) << "a writer got in beside a reader on thread index " << index[i]
+                               << (newest ? " (the newest)" : "");
+    step[i].store(2);
+    while (step[i].load() != 3) std::this_thread::yield();
     EXPECT_TRUE(m.try_lock());
     m.unlock();
   }
+  all_may_exit = true;
+  for (std::thread& r : readers) r.join();
+  EXPECT_EQ(newest_rounds, 4) << "threads kept taking indexes below the newest";
 }
 
 // ---- exclusion under load ----------------------------------------------------
@@ -630,14 +745,20 @@ TEST(SharedMutexTest, ReadLockReleasedOnAnotherThreadBalances) {
   shared_mutex m;
   std::atomic<int> first_index{-2}, second_index{-2};
   for (int round = 0; round < 100; ++round) {
+    // The first thread stays alive until the second has unlocked, so the
+    // two hold different indexes (an exited thread's index is handed to
+    // the next thread that asks).
+    std::atomic<bool> first_may_exit{false}, first_locked{false};
     std::thread first([&] {
       first_index = internal::thread_index();
       m.lock_shared();
 #ifndef NDEBUG
       internal::note_read_unlocked(&m);  // the lock leaves this thread
 #endif
+      first_locked = true;
+      while (!first_may_exit.load()) std::this_thread::yield();
     });
-    first.join();
+    while (!first_locked.load()) std::this_thread::yield();
     EXPECT_FALSE(m.try_lock()) << "a writer got in while a moved read lock was held";
     std::thread second([&] {
       second_index = internal::thread_index();
@@ -647,7 +768,13 @@ TEST(SharedMutexTest, ReadLockReleasedOnAnotherThreadBalances) {
       m.unlock_shared();
     });
     second.join();
+    ASSERT_NE(first_index.load(), second_index.load()) << "round " << round;
     ASSERT_TRUE(m.try_lock()) << "round " << round << ": the moved read lock did not balance";
+    m.unlock();
+    first_may_exit = true;
+    first.join();
+    // Both threads are gone; their words still balance.
+    ASSERT_TRUE(m.try_lock()) << "round " << round << ": unbalanced after the threads exited";
     m.unlock();
   }
   // The point is two different words; threads without a slot would count

@@ -28,22 +28,23 @@ void raise_thread_index_limit(int index) noexcept {
   }
 }
 
+// The lowest index that is free or whose thread has exited: reusing the
+// indexes of exited threads before fresh ones keeps thread_index_limit(),
+// and with it every walk over the threads' words, at the most threads
+// alive at once, not the most ever started (a pool of worker threads made
+// anew for each job). A look at a held index is a tgkill(pid, tid, 0).
 int claim_one_index() noexcept {
   const int saved_errno = errno;
   const int tid = static_cast<int>(syscall(SYS_gettid));
   const int pid = getpid();
   int found = -1;
-  for (int pass = 0; pass < 2 && found < 0; ++pass) {
-    for (int i = 0; i < kThreadSlots && found < 0; ++i) {
-      int owner = __atomic_load_n(&g_thread_owner[i], __ATOMIC_RELAXED);
-      if (pass == 0 ? owner != 0 : owner == 0) continue;
-      // Second pass: take over the index of a thread that has exited.
-      if (pass == 1 && !(syscall(SYS_tgkill, pid, owner, 0) != 0 && errno == ESRCH)) continue;
-      if (__atomic_compare_exchange_n(&g_thread_owner[i], &owner, tid, false, __ATOMIC_ACQ_REL,
-                                      __ATOMIC_RELAXED)) {
-        found = i;
-        raise_thread_index_limit(i);
-      }
+  for (int i = 0; i < kThreadSlots && found < 0; ++i) {
+    int owner = __atomic_load_n(&g_thread_owner[i], __ATOMIC_RELAXED);
+    if (owner != 0 && !(syscall(SYS_tgkill, pid, owner, 0) != 0 && errno == ESRCH)) continue;
+    if (__atomic_compare_exchange_n(&g_thread_owner[i], &owner, tid, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_RELAXED)) {
+      found = i;
+      raise_thread_index_limit(i);
     }
   }
   errno = saved_errno;
@@ -71,8 +72,12 @@ __attribute__((constructor(102))) void thread_slots_at_load() {
 // The calling thread's index plus one; 0 not asked yet, -1 none available.
 __thread int t_thread_index_plus_one PERCPU_STATIC_TLS = 0;
 
+__thread int t_thread_group_offset_plus_one PERCPU_STATIC_TLS = 0;
+
 int claim_thread_index() noexcept {
   const int index = claim_one_index();
+  t_thread_group_offset_plus_one =
+      index >= 0 ? static_cast<int>(thread_group_offset(index)) + 1 : -1;
   t_thread_index_plus_one = index >= 0 ? index + 1 : -1;
   return index;
 }
@@ -113,6 +118,24 @@ thread_slot* new_thread_slot_copies() noexcept {
 void delete_thread_slot_copies(thread_slot* copy0) noexcept {
   if (copy0 != nullptr) {
     g_thread_slot_copies.deallocate(copy0, static_cast<unsigned>(thread_index_limit()));
+  }
+}
+
+namespace {
+static_assert(kThreadSlots % kThreadGroup == 0, "whole groups");
+// Every shared_mutex's reader words: kThreadGroup lines, one copy per group.
+constexpr std::size_t kThreadGroupBytes = kThreadGroup * kThreadGroupLine;
+stride_arena g_thread_group_copies(kThreadGroupBytes, kThreadSlots / kThreadGroup);
+}  // namespace
+
+void* new_thread_group_copies() noexcept { return g_thread_group_copies.allocate(); }
+
+void delete_thread_group_copies(void* copy0) noexcept {
+  if (copy0 != nullptr) {
+    // Only the groups of indexes handed out so far can have been written.
+    const unsigned groups =
+        static_cast<unsigned>((thread_index_limit() + kThreadGroup - 1) / kThreadGroup);
+    g_thread_group_copies.deallocate(copy0, groups);
   }
 }
 

@@ -29,14 +29,14 @@
 //   order, they are not used either.
 //
 // Thread indexes
-//   thread_index() hands each thread the first free index of a process-wide
-//   table once, with a compare-and-swap; an index whose thread has exited
-//   (tgkill(pid, tid, 0) fails with ESRCH) is taken over, along with what
-//   its slots hold in every structure, which is exactly what a new owner of
-//   those slots should get. A forked child's thread keeps its index (a fork
-//   handler records its new tid); the parent's other indexes are free to be
-//   taken there. Beyond kThreadSlots live threads, later ones get -1 and keep
-//   the locked per-CPU path.
+//   thread_index() hands each thread the lowest index of a process-wide
+//   table that is free or whose thread has exited (tgkill(pid, tid, 0)
+//   fails with ESRCH) once, with a compare-and-swap, so the indexes in use
+//   stay below the most threads alive at once. An exited thread's index is
+//   taken over along with what its slots hold in every structure, which is
+//   exactly what a new owner of those slots should get. A forked child's thread keeps its index (a
+//   fork handler records its new tid); the parent's other indexes are free to be taken there.
+//   Beyond kThreadSlots live threads, later ones get -1 and keep the locked per-CPU path.
 //
 // Stopping every owner for good (wait_for_thread_slot_owners)
 //   ref::kill() needs no lock: it stores a flag of its own that owners read
@@ -51,6 +51,7 @@
 // Async-signal-safe: everything but new_thread_slots.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "percpu/internal/cpu_slots.hpp"
@@ -91,7 +92,8 @@ struct thread_slot_table {
 };
 
 // The calling thread's index in [0, kThreadSlots), or -1.
-// Async-signal-safe (the first call on a thread makes a few system calls).
+// Async-signal-safe (the first call on a thread makes a few system calls,
+// and one tgkill for each index below the one it takes that a thread holds).
 // Only for out-of-line slow paths: it reads TLS the compiler's way, which a
 // coroutine resumed on another thread must not have cached (cpu.hpp).
 extern PERCPU_EXPORT __thread int t_thread_index_plus_one PERCPU_STATIC_TLS;
@@ -123,6 +125,38 @@ thread_slot* new_thread_slots(std::intptr_t empty);
 // (only those can have been written) and keeps the object for reuse.
 thread_slot* new_thread_slot_copies() noexcept;
 void delete_thread_slot_copies(thread_slot* copy0) noexcept;
+
+// A cache line per thread index, in groups: a structure whose words a
+// walker sums often (shared_mutex's writer, over every reader's word) wants
+// the lines of the first indexes side by side, where one copy per index
+// (above) puts each in a page of its own; and it wants to pay only for the
+// indexes that touch it, where an array of kThreadSlots lines costs a page
+// for the first. So an object holds kThreadGroup lines, those of
+// kThreadGroup consecutive indexes, with one copy per group, kStride apart:
+// index i's line is thread_group_offset(i) bytes after the object's first
+// copy. A process with at most kThreadGroup thread indexes walks one run of
+// lines; an instance takes kThreadGroup lines per group whose threads touch
+// it. Every line zero; nullptr where no memory can be mapped.
+// Async-signal-safe, no malloc. delete_thread_group_copies: once nobody
+// uses it; it zeroes the copies of the groups handed out so far and keeps
+// the object for reuse.
+inline constexpr int kThreadGroup = 4;
+inline constexpr std::size_t kThreadGroupLine = 64;
+[[nodiscard]] inline std::uintptr_t thread_group_offset(int index) noexcept {
+  const unsigned i = static_cast<unsigned>(index);
+  return (static_cast<std::uintptr_t>(i / kThreadGroup) << kStrideShift) +
+         (i % kThreadGroup) * kThreadGroupLine;
+}
+void* new_thread_group_copies() noexcept;
+void delete_thread_group_copies(void* copy0) noexcept;
+// The calling thread's thread_group_offset() plus one, set with its index
+// (0: not asked yet, -1: none available), so that a hot path reaches the
+// thread's line with one load relative to the thread pointer and an add.
+// Static TLS (internal/config.hpp), read by shared_mutex's inline readers
+// through its offset from the thread pointer, never through the symbol.
+extern __thread int t_thread_group_offset_plus_one PERCPU_STATIC_TLS;
+static_assert((std::uintptr_t{kThreadSlots / kThreadGroup} << kStrideShift) < (1u << 31),
+              "every thread's group offset fits the int of t_thread_group_offset_plus_one");
 
 [[nodiscard]] inline bool thread_slot_enter(thread_slot* slot) noexcept {
   if (__atomic_load_n(&slot->busy, __ATOMIC_RELAXED) != 0) return false;
