@@ -37,7 +37,7 @@ free_list::free_list() : slot_count_(max_cpus()) {
     slots_[i].head = end();
     slots_[i].locker = internal::kFlagFree;
   }
-  thread_slots_ = internal::new_thread_slots(end());
+  thread_slots_ = internal::new_thread_slot_copies();
   register_for_fork();
   // Cheap now if the program has not started threads yet; see cpu_slots.hpp.
   (void)internal::prepare_remote_fences();
@@ -45,7 +45,7 @@ free_list::free_list() : slot_count_(max_cpus()) {
 
 free_list::~free_list() {
   unregister_for_fork();
-  delete[] thread_slots_;
+  internal::delete_thread_slot_copies(thread_slots_);
   delete[] slots_;
 }
 
@@ -55,15 +55,11 @@ free_list::~free_list() {
 void free_list::before_fork() noexcept {
   for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);
   internal::wait_for_consumer(&overflow_);
-  if (thread_slots_ != nullptr)
-    internal::revoke_thread_slots_for_fork(internal::thread_slot_table::of_array(thread_slots_));
+  if (thread_slots_ != nullptr) internal::wait_for_thread_slot_lockers(thread_slots_);
 }
 
 void free_list::after_fork(bool child) noexcept {
-  if (thread_slots_ != nullptr) {
-    internal::restore_thread_slots_after_fork(internal::thread_slot_table::of_array(thread_slots_),
-                                              child);
-  }
+  if (thread_slots_ != nullptr && child) internal::clear_thread_slots_in_child(thread_slots_);
   internal::release_consumer(&overflow_);
   for (int i = 0; i < slot_count_; ++i) internal::release_locker(&slots_[i]);
 }
@@ -80,7 +76,7 @@ internal::thread_slot* free_list::own_thread_slot() noexcept {
   // there, so the mixed stress tests still exercise that protocol.
   if (internal::t_section_state == internal::section_user::forced_locked) return nullptr;
   const int index = internal::thread_index();
-  return index >= 0 ? &thread_slots_[index] : nullptr;
+  return index >= 0 ? internal::thread_slot_at(thread_slots_, index) : nullptr;
 }
 
 // Puts first..last on the calling thread's own list; false when it has none,
@@ -89,8 +85,8 @@ internal::thread_slot* free_list::own_thread_slot() noexcept {
 bool free_list::push_chain_own(free_list_node* first, free_list_node* last) noexcept {
   internal::thread_slot* own = own_thread_slot();
   if (own == nullptr || !internal::thread_slot_enter(own)) return false;
-  last->next = reinterpret_cast<free_list_node*>(__atomic_load_n(&own->head, __ATOMIC_RELAXED));
-  __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(first), __ATOMIC_RELAXED);
+  last->next = reinterpret_cast<free_list_node*>(internal::thread_slot_head(own, end()));
+  internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(first), end());
   internal::thread_slot_leave(own);
   return true;
 }
@@ -145,9 +141,9 @@ free_list_node* free_list::pop_locked(int cpu, int batch, free_list_node** rest_
 // Like pop_locked, for thread slot `index` (revoking it: one membarrier).
 free_list_node* free_list::pop_thread_slot(int index, int batch,
                                            free_list_node** rest_last) noexcept {
-  internal::thread_slot* ts = &thread_slots_[index];
+  internal::thread_slot* ts = internal::thread_slot_at(thread_slots_, index);
   if (internal::lock_thread_slot(ts) != internal::lock_result::acquired) return nullptr;
-  const std::intptr_t head = __atomic_load_n(&ts->head, __ATOMIC_RELAXED);
+  const std::intptr_t head = internal::thread_slot_head(ts, end());
   if (head == end()) {
     internal::unlock_thread_slot(ts);
     return nullptr;
@@ -158,7 +154,7 @@ free_list_node* free_list::pop_thread_slot(int index, int batch,
        ++taken) {
     last = last->next;
   }
-  __atomic_store_n(&ts->head, reinterpret_cast<std::intptr_t>(last->next), __ATOMIC_RELAXED);
+  internal::set_thread_slot_head(ts, reinterpret_cast<std::intptr_t>(last->next), end());
   last->next = nullptr;
   internal::unlock_thread_slot(ts);
   *rest_last = last;
@@ -189,11 +185,10 @@ free_list_node* free_list::pop_slow(bool local_only, bool has_sections) noexcept
   if (!has_sections) {
     if (internal::thread_slot* own = own_thread_slot()) {
       if (internal::thread_slot_enter(own)) {
-        const std::intptr_t head = __atomic_load_n(&own->head, __ATOMIC_RELAXED);
+        const std::intptr_t head = internal::thread_slot_head(own, end());
         if (head != end()) {
           free_list_node* node = reinterpret_cast<free_list_node*>(head);
-          __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(node->next),
-                           __ATOMIC_RELAXED);
+          internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(node->next), end());
           internal::thread_slot_leave(own);
           return node;
         }
@@ -227,9 +222,10 @@ free_list_node* free_list::pop_slow(bool local_only, bool has_sections) noexcept
   // Then other threads' own lists (each steal costs a membarrier).
   if (thread_slots_ != nullptr) {
     const int self = has_sections ? -1 : internal::thread_index();
-    for (int i = 0; i < internal::kThreadSlots; ++i) {
+    for (int i = 0; i < internal::thread_index_limit(); ++i) {
       if (i == self) continue;
-      if (__atomic_load_n(&thread_slots_[i].head, __ATOMIC_RELAXED) == end()) continue;
+      if (internal::thread_slot_head(internal::thread_slot_at(thread_slots_, i), end()) == end())
+        continue;
       free_list_node* last = nullptr;
       free_list_node* first = pop_thread_slot(i, kStealBatch, &last);
       if (first == nullptr) continue;
@@ -273,8 +269,9 @@ free_list_node* free_list::take_all() noexcept {
       break;
     }
   }
-  for (int i = 0; thread_slots_ != nullptr && i < internal::kThreadSlots; ++i) {
-    if (__atomic_load_n(&thread_slots_[i].head, __ATOMIC_RELAXED) == end()) continue;
+  for (int i = 0; thread_slots_ != nullptr && i < internal::thread_index_limit(); ++i) {
+    if (internal::thread_slot_head(internal::thread_slot_at(thread_slots_, i), end()) == end())
+      continue;
     for (int tries = 0; tries < kLockTries; ++tries) {
       free_list_node* rest_last = nullptr;
       // A batch as large as the list: everything.
@@ -283,7 +280,8 @@ free_list_node* free_list::take_all() noexcept {
         append(chain);
         break;
       }
-      if (__atomic_load_n(&thread_slots_[i].head, __ATOMIC_RELAXED) == end()) break;
+      if (internal::thread_slot_head(internal::thread_slot_at(thread_slots_, i), end()) == end())
+        break;
     }
   }
   append(as_node(internal::side_take_all(&overflow_)));

@@ -41,6 +41,15 @@
 //   system call in the common case: the CPU to try first is a per-thread
 //   hint (internal::cpu_hint()), not a getcpu per operation.
 //
+// Memory
+//   The list itself (128 bytes) and its per-CPU heads (64 bytes per
+//   possible CPU), plus 32 bytes for each thread without rseq that used it
+//   (its own list's head, on percpu's memory laid out by thread index,
+//   internal/thread_slots.hpp: a thread that never touches a list costs it
+//   nothing, and no two threads' heads share a cache line). 10,000 lists,
+//   each used once on a 2-CPU machine, take about 400 bytes each
+//   (percpu-bench --structures, the memory table).
+//
 // Thread safety and signals
 //   push, pop and try_pop_local are thread-safe and async-signal-safe (a
 //   handler may push and pop while the interrupted thread was doing the
@@ -134,8 +143,11 @@ class free_list final : private internal::fork_participant {
 
   slot* slots_;
   int slot_count_;
-  // kThreadSlots lists for threads without rseq, or nullptr where thread
-  // slots are not usable (see internal::thread_slots_usable()).
+  // The lists of threads without rseq, one per thread index on the
+  // thread-index memory (internal::thread_slot_at; heads stored through
+  // internal::thread_slot_head, so a zeroed slot is empty), or nullptr
+  // where thread slots are not usable (internal::thread_slots_usable()) or
+  // no memory could be mapped.
   internal::thread_slot* thread_slots_;
   // The list terminator: every list ends here, and its next points at
   // itself, so popping an empty list stores the same head back. nullptr

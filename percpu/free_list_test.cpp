@@ -10,11 +10,14 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -22,6 +25,7 @@
 #include "percpu/internal/cpu_slots.hpp"
 #include "percpu/internal/thread_slots.hpp"
 #include "tests/stress/stress.hpp"
+#include "tests/support/pages.hpp"
 
 namespace percpu {
 namespace {
@@ -165,6 +169,91 @@ std::vector<item> make_items_on(free_list& list, int n, const std::vector<int>& 
   }
   EXPECT_TRUE(stress::restrict_to(cpus));
   return items;
+}
+
+// Where a list's thread slots are (thread index 0's copy; nullptr where
+// thread slots are not usable), read without a seam in the library: an
+// explicit instantiation may name a private member ([temp.spec.general]),
+// and the friend it defines hands the pointer out.
+const void* thread_words(const free_list& l);
+template <auto Threads>
+struct expose_free_list_words {
+  friend const void* thread_words(const free_list& l) { return l.*Threads; }
+};
+template struct expose_free_list_words<&free_list::thread_slots_>;
+
+// Memory per instance (free_list.hpp, "Memory"): 100,000 lists, each
+// pushed and popped once by this thread, take at most this thread's slot
+// (32 bytes, and only without rseq) of thread-slot memory each, not the
+// 8 KiB of slots for every thread index each took before. Counted with
+// mincore over every index's copy, before anything reads them.
+TEST(FreeListTest, AHundredThousandListsTakeBytesOfThreadSlotsEach) {
+  constexpr long kLists = 100000;
+  std::unique_ptr<free_list[]> lists(new free_list[kLists]);
+  std::unique_ptr<free_list_node[]> nodes(new free_list_node[kLists]);
+  for (long i = 0; i < kLists; ++i) {
+    lists[i].push(&nodes[i]);
+    ASSERT_EQ(lists[i].pop(), &nodes[i]) << "list " << i;
+  }
+  const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::set<std::uintptr_t> pages;
+  for (long i = 0; i < kLists; ++i) {
+    if (const void* t = thread_words(lists[i])) {
+      pages.insert(reinterpret_cast<std::uintptr_t>(t) & ~(page - 1));
+    }
+  }
+  const long present = test::present_stride_pages(pages, internal::kThreadSlots);
+  ASSERT_GE(present, 0);
+  const double per_list = static_cast<double>(present * page) / kLists;
+  std::printf(
+      "%ld lists, each used once by one thread: %.1f bytes of thread slots each (%ld "
+      "pages; this thread %s rseq), plus %zu bytes of the list and %zu per possible CPU\n",
+      kLists, per_list, present, internal::section_area() != nullptr ? "with" : "without",
+      sizeof(free_list), sizeof(internal::cpu_slot));
+  // This thread's slot; the chunks' headers and partly used pages: 8 more.
+  EXPECT_LE(per_list, 32.0 + 8) << "more than one thread's slot per list";
+}
+
+// fork() writes nothing to the threads' slots (thread_slots.hpp, "Fork"):
+// the pages behind 10,000 lists' slots are the same after a fork as
+// before, where revoking every index's slot of every list would fill a
+// page per index for every 128 lists. The child checks its lists work.
+TEST(FreeListTest, ForkWritesNoThreadSlot) {
+  constexpr long kLists = 10000;
+  std::unique_ptr<free_list[]> lists(new free_list[kLists]);
+  std::unique_ptr<free_list_node[]> nodes(new free_list_node[kLists]);
+  for (long i = 0; i < kLists; ++i) {
+    lists[i].push(&nodes[i]);
+    ASSERT_EQ(lists[i].pop(), &nodes[i]) << "list " << i;
+  }
+  const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::set<std::uintptr_t> pages;
+  for (long i = 0; i < kLists; ++i) {
+    if (const void* t = thread_words(lists[i])) {
+      pages.insert(reinterpret_cast<std::uintptr_t>(t) & ~(page - 1));
+    }
+  }
+  if (!internal::thread_slots_usable()) {
+    // Without membarrier there are no thread slots for a fork to touch.
+    EXPECT_TRUE(pages.empty());
+    return;
+  }
+  ASSERT_FALSE(pages.empty());
+  const long before = test::present_stride_pages(pages, internal::kThreadSlots);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (long i = 0; i < kLists; i += 97) {
+      lists[i].push(&nodes[i]);
+      if (lists[i].pop() != &nodes[i]) _exit(1);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child's lists failed";
+  const long after = test::present_stride_pages(pages, internal::kThreadSlots);
+  EXPECT_EQ(after, before) << "fork() filled pages of the threads' slots";
 }
 
 TEST(FreeListTest, EmptyPopsNothingAndSlotsAreMaxCpus) {

@@ -118,7 +118,7 @@ object_pool::object_pool(const options& opts) {
     slots_[i].head = end();
     slots_[i].locker = internal::kFlagFree;
   }
-  thread_slots_ = internal::new_thread_slots(end());
+  thread_slots_ = internal::new_thread_slot_copies();
   register_for_fork();
   // Cheap now if the program has not started threads yet; see cpu_slots.hpp.
   (void)internal::prepare_remote_fences();
@@ -131,7 +131,7 @@ object_pool::~object_pool() {
     munmap(c, kChunkBytes);
     c = next;
   }
-  delete[] thread_slots_;
+  internal::delete_thread_slot_copies(thread_slots_);
   delete[] slots_;
 }
 
@@ -142,17 +142,13 @@ object_pool::~object_pool() {
 void object_pool::before_fork() noexcept {
   for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);
   internal::wait_for_consumer(&overflow_);
-  if (thread_slots_ != nullptr)
-    internal::revoke_thread_slots_for_fork(internal::thread_slot_table::of_array(thread_slots_));
+  if (thread_slots_ != nullptr) internal::wait_for_thread_slot_lockers(thread_slots_);
   internal::fork_wait_for_flag(&depot_flag_);
 }
 
 void object_pool::after_fork(bool child) noexcept {
   internal::fork_release_flag(&depot_flag_);
-  if (thread_slots_ != nullptr) {
-    internal::restore_thread_slots_after_fork(internal::thread_slot_table::of_array(thread_slots_),
-                                              child);
-  }
+  if (thread_slots_ != nullptr && child) internal::clear_thread_slots_in_child(thread_slots_);
   internal::release_consumer(&overflow_);
   for (int i = 0; i < slot_count_; ++i) internal::release_locker(&slots_[i]);
 }
@@ -294,8 +290,9 @@ std::size_t object_pool::cached_on(int cpu) const noexcept {
 
 std::size_t object_pool::cached_by_threads() const noexcept {
   std::size_t sum = 0;
-  for (int i = 0; thread_slots_ != nullptr && i < internal::kThreadSlots; ++i) {
-    const std::intptr_t head = __atomic_load_n(&thread_slots_[i].head, __ATOMIC_RELAXED);
+  for (int i = 0; thread_slots_ != nullptr && i < internal::thread_index_limit(); ++i) {
+    const std::intptr_t head =
+        internal::thread_slot_head(internal::thread_slot_at(thread_slots_, i), end());
     if (head != end()) sum += static_cast<std::size_t>(depth_of(head));
   }
   return sum;
@@ -312,7 +309,7 @@ object_pool::own_thread_slot() noexcept {
   // there, so the mixed stress tests still exercise that protocol.
   if (internal::t_section_state == internal::section_user::forced_locked) return nullptr;
   const int index = internal::thread_index();
-  return index >= 0 ? &thread_slots_[index] : nullptr;
+  return index >= 0 ? internal::thread_slot_at(thread_slots_, index) : nullptr;
 }
 
 // Owner operations on the thread's own cache: the same list format as a
@@ -322,11 +319,11 @@ object_pool::own_thread_slot() noexcept {
 __attribute__((always_inline)) inline object_pool::node* object_pool::pop_own(
     internal::thread_slot* own) noexcept {
   if (!internal::thread_slot_enter(own)) return nullptr;
-  const std::intptr_t head = __atomic_load_n(&own->head, __ATOMIC_RELAXED);
+  const std::intptr_t head = internal::thread_slot_head(own, end());
   node* n = nullptr;
   if (head != end()) {
     n = reinterpret_cast<node*>(head);
-    __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(n->next), __ATOMIC_RELAXED);
+    internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(n->next), end());
   }
   internal::thread_slot_leave(own);
   return n;
@@ -335,13 +332,13 @@ __attribute__((always_inline)) inline object_pool::node* object_pool::pop_own(
 __attribute__((always_inline)) inline bool object_pool::push_own(internal::thread_slot* own,
                                                                  node* n) noexcept {
   if (!internal::thread_slot_enter(own)) return false;
-  const std::intptr_t head = __atomic_load_n(&own->head, __ATOMIC_RELAXED);
+  const std::intptr_t head = internal::thread_slot_head(own, end());
   const std::intptr_t depth = depth_of(head);
   const bool fits = depth < capacity_;
   if (fits) {
     n->next = reinterpret_cast<node*>(head);
     n->depth = depth + 1;
-    __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(n), __ATOMIC_RELAXED);
+    internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(n), end());
   }
   internal::thread_slot_leave(own);
   return fits;
@@ -350,14 +347,14 @@ __attribute__((always_inline)) inline bool object_pool::push_own(internal::threa
 bool object_pool::push_chain_own(internal::thread_slot* own, node* first, node* last,
                                  std::intptr_t count) noexcept {
   if (!internal::thread_slot_enter(own)) return false;
-  const std::intptr_t head = __atomic_load_n(&own->head, __ATOMIC_RELAXED);
+  const std::intptr_t head = internal::thread_slot_head(own, end());
   const std::intptr_t below = depth_of(head);
   const bool fits = below + count <= capacity_;
   if (fits) {
     std::intptr_t depth = below + count;
     for (node* x = first; depth > below; x = x->next) x->depth = depth--;
     last->next = reinterpret_cast<node*>(head);
-    __atomic_store_n(&own->head, reinterpret_cast<std::intptr_t>(first), __ATOMIC_RELAXED);
+    internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(first), end());
   }
   internal::thread_slot_leave(own);
   return fits;
@@ -540,7 +537,7 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
       node* first = nullptr;
       node* last = nullptr;
       std::intptr_t count = 0;
-      std::intptr_t head = __atomic_load_n(&own->head, __ATOMIC_RELAXED);
+      std::intptr_t head = internal::thread_slot_head(own, end());
       while (count < batch_ && head != end()) {
         node* x = reinterpret_cast<node*>(head);
         head = reinterpret_cast<std::intptr_t>(x->next);
@@ -552,7 +549,7 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
         last = x;
         ++count;
       }
-      __atomic_store_n(&own->head, head, __ATOMIC_RELAXED);
+      internal::set_thread_slot_head(own, head, end());
       internal::thread_slot_leave(own);
       if (count > 0) depot_give(first, last, count);
       if (push_own(own, n)) return;
@@ -579,9 +576,9 @@ std::size_t object_pool::trim() noexcept {
       break;
     }
   }
-  for (int i = 0; thread_slots_ != nullptr && i < internal::kThreadSlots; ++i) {
-    internal::thread_slot* ts = &thread_slots_[i];
-    if (__atomic_load_n(&ts->head, __ATOMIC_RELAXED) == end()) continue;
+  for (int i = 0; thread_slots_ != nullptr && i < internal::thread_index_limit(); ++i) {
+    internal::thread_slot* ts = internal::thread_slot_at(thread_slots_, i);
+    if (internal::thread_slot_head(ts, end()) == end()) continue;
     for (int tries = 0; tries < kTrimTries; ++tries) {
       const internal::lock_result r = internal::lock_thread_slot(ts);
       if (r == internal::lock_result::refused) break;
@@ -589,8 +586,8 @@ std::size_t object_pool::trim() noexcept {
         sched_yield();
         continue;
       }
-      const std::intptr_t head = __atomic_load_n(&ts->head, __ATOMIC_RELAXED);
-      __atomic_store_n(&ts->head, end(), __ATOMIC_RELAXED);
+      const std::intptr_t head = internal::thread_slot_head(ts, end());
+      internal::set_thread_slot_head(ts, end(), end());
       internal::unlock_thread_slot(ts);
       if (head != end()) moved += depot_give_list(reinterpret_cast<node*>(head), end());
       break;

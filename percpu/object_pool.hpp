@@ -22,8 +22,9 @@
 //   deallocate there are plain loads and stores between a "busy" store and a
 //   check that no other thread revoked the slot, with no atomic instruction
 //   and no system call, the way a malloc's thread cache works. A cache that
-//   runs empty or full exchanges a batch with the depot. trim() and fork
-//   revoke these caches with one membarrier system call each. Where the
+//   runs empty or full exchanges a batch with the depot. trim() revokes
+//   these caches with one membarrier system call each; fork() writes
+//   nothing to them and waits only for a trim() moving one. Where the
 //   membarrier command is missing, or beyond the thread slots' number of live
 //   threads, such a thread locks the cache of a CPU it ran on recently
 //   (internal::cpu_hint(): no getcpu per operation), with atomics, under the
@@ -46,6 +47,17 @@
 //   line on stderr naming the problem and abort. With checks off these are
 //   undefined behaviour: a foreign pointer or a double free corrupts the pool.
 //   deallocate(nullptr) does nothing.
+//
+// Memory
+//   The pool itself (256 bytes) and its per-CPU caches' heads (64 bytes per
+//   possible CPU), plus 32 bytes for each thread without rseq that used it
+//   (its cache's head, on percpu's memory laid out by thread index,
+//   internal/thread_slots.hpp: a thread that never touches a pool costs it
+//   nothing), plus the objects: 256 KiB chunks, reserved, whose pages fill
+//   as objects are carved, the first with the chunk's header and bitmap.
+//   300 pools of 64-byte objects, each used once, take about 8,700 bytes
+//   each (percpu-bench --structures, the memory table), nearly all of it
+//   the first two pages of each pool's chunk.
 //
 // Thread safety and signals
 //   allocate, deallocate and trim are thread-safe. deallocate is
@@ -200,8 +212,11 @@ class object_pool final : private internal::fork_participant {
   // Read-mostly, shared by every CPU.
   slot* slots_;
   int slot_count_;
-  // kThreadSlots caches for threads without rseq, or nullptr where thread
-  // slots are not usable (see internal::thread_slots_usable()).
+  // The caches of threads without rseq, one per thread index on the
+  // thread-index memory (internal::thread_slot_at; heads stored through
+  // internal::thread_slot_head, so a zeroed slot is empty), or nullptr
+  // where thread slots are not usable (internal::thread_slots_usable()) or
+  // no memory could be mapped.
   internal::thread_slot* thread_slots_;
   std::intptr_t capacity_;
   std::intptr_t batch_;

@@ -33,6 +33,7 @@
 #include "percpu/free_list.hpp"
 #include "percpu/internal/cpu_slots.hpp"
 #include "tests/stress/stress.hpp"
+#include "tests/support/pages.hpp"
 
 namespace percpu {
 namespace {
@@ -109,6 +110,50 @@ void expect_all_home(object_pool& pool) {
   send_home(pool);
   EXPECT_EQ(cached_total(pool), 0u);
   EXPECT_EQ(pool.depot_objects(), pool.carved_objects()) << "objects lost";
+}
+
+// Where a pool's thread caches are (thread index 0's copy; nullptr where
+// thread slots are not usable), read without a seam in the library (see
+// free_list_test.cpp).
+const void* thread_words(const object_pool& p);
+template <auto Threads>
+struct expose_pool_words {
+  friend const void* thread_words(const object_pool& p) { return p.*Threads; }
+};
+template struct expose_pool_words<&object_pool::thread_slots_>;
+
+// Memory per instance (object_pool.hpp, "Memory"): 1,000 pools, each used
+// once by this thread, take at most this thread's slot (32 bytes, and only
+// without rseq) of thread-slot memory each, not the 8 KiB of slots for
+// every thread index each took before. Counted with mincore over every
+// index's copy, before anything reads them.
+TEST(ObjectPoolTest, AThousandPoolsTakeBytesOfThreadSlotsEach) {
+  constexpr long kPools = 1000;
+  std::vector<std::unique_ptr<object_pool>> pools;
+  for (long i = 0; i < kPools; ++i) {
+    pools.push_back(std::make_unique<object_pool>(64));
+    void* p = pools.back()->allocate();
+    ASSERT_NE(p, nullptr);
+    pools.back()->deallocate(p);
+  }
+  const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::set<std::uintptr_t> pages;
+  for (const auto& pool : pools) {
+    if (const void* t = thread_words(*pool)) {
+      pages.insert(reinterpret_cast<std::uintptr_t>(t) & ~(page - 1));
+    }
+  }
+  const long present = test::present_stride_pages(pages, internal::kThreadSlots);
+  ASSERT_GE(present, 0);
+  const double per_pool = static_cast<double>(present * page) / kPools;
+  std::printf(
+      "%ld pools, each used once by one thread: %.1f bytes of thread slots each (%ld "
+      "pages), plus %zu bytes of the pool\n",
+      kPools, per_pool, present, sizeof(object_pool));
+  // This thread's slot; the first and last pages of the run, which other
+  // structures' slots share: 2 pages over 1,000 pools.
+  EXPECT_LE(per_pool, 32.0 + 2.0 * static_cast<double>(page) / kPools)
+      << "more than one thread's slot per pool";
 }
 
 TEST(ObjectPoolTest, BadArgumentsThrowWithAClearMessage) {

@@ -116,7 +116,8 @@ void ref::add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept
         internal::t_section_state != internal::section_user::forced_locked) {
       // A thread without rseq: its own word, until kill() folds it.
       const int index = internal::thread_index();
-      internal::thread_slot* own = index >= 0 ? thread_table().at(index) : nullptr;
+      internal::thread_slot* own =
+          index >= 0 ? internal::thread_slot_at(thread_slots_, index) : nullptr;
       if (own != nullptr && internal::thread_slot_enter(own)) {
         // After kill() the word is folded, or being folded: hands off
         // (internal::wait_for_thread_slot_owners says why this read, after
@@ -225,11 +226,11 @@ void ref::kill() noexcept {
     // (add_slow); once the threads inside have left, the words are final.
     // Read only: a word no thread wrote keeps its page unfilled.
     int indexes = 0;
-    if (!internal::wait_for_thread_slot_owners(thread_table(), &indexes)) {
+    if (!internal::wait_for_thread_slot_owners(thread_slots_, &indexes)) {
       die("percpu::ref::kill: cannot stop the threads' words (membarrier failed)\n");
     }
     for (int i = 0; i < indexes; ++i) {
-      sum += __atomic_load_n(&thread_table().at(i)->head, __ATOMIC_RELAXED);
+      sum += __atomic_load_n(&internal::thread_slot_at(thread_slots_, i)->head, __ATOMIC_RELAXED);
     }
   }
 #if !defined(__x86_64__)
@@ -262,7 +263,7 @@ std::int64_t ref::count() const noexcept {
   // Only indexes below the limit can have been written.
   const int threads = thread_slots_ != nullptr ? internal::thread_index_limit() : 0;
   for (int i = 0; i < threads; ++i) {
-    total += __atomic_load_n(&thread_table().at(i)->head, __ATOMIC_RELAXED);
+    total += __atomic_load_n(&internal::thread_slot_at(thread_slots_, i)->head, __ATOMIC_RELAXED);
   }
   return total;
 }
@@ -275,7 +276,7 @@ void ref::before_fork() noexcept { internal::fork_wait_for_flag(&kill_busy_); }
 
 void ref::after_fork(bool child) noexcept {
   if (thread_slots_ != nullptr && child) {
-    internal::clear_thread_slots_in_child(thread_table());
+    internal::clear_thread_slots_in_child(thread_slots_);
   }
   internal::fork_release_flag(&kill_busy_);
 }

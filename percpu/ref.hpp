@@ -34,7 +34,7 @@
 //   the single atomic count; still exact.
 //
 // Memory
-//   The ref itself (64 bytes), plus 32 bytes per possible CPU and 64 per
+//   The ref itself (64 bytes), plus 32 bytes per possible CPU and 32 per
 //   thread without rseq that used it: its words come from percpu's per-CPU
 //   memory (internal/stride_arena.hpp, one copy per CPU) and from memory
 //   laid out the same way by thread index (internal/thread_slots.hpp), so a
@@ -142,10 +142,6 @@ class ref : private internal::fork_participant {
   PERCPU_LOCAL void release_now() noexcept;
   void before_fork() noexcept override;
   void after_fork(bool child) noexcept override;
-
-  internal::thread_slot_table thread_table() const noexcept {
-    return internal::thread_slot_table::of_copies(thread_slots_);
-  }
 
   slot_words* slots_ = nullptr;  // CPU 0's copy; nullptr when no memory could be mapped
   // The threads' words (internal/thread_slots.hpp), one copy per thread

@@ -113,7 +113,7 @@ struct expose_ref_words {
 template struct expose_ref_words<&ref::slots_, &ref::thread_slots_>;
 
 // Memory per instance (ref.hpp, "Memory"): 100,000 refs, each taken and
-// dropped once, take 32 bytes per possible CPU, and 64 for each thread
+// dropped once, take 32 bytes per possible CPU, and 32 for each thread
 // without rseq that used them, beside the ref itself; not the page and the
 // 8 KiB of thread words each took before. Then the first 2,048 are killed
 // (each kill fences every CPU, which is slow under emulation), and those
@@ -172,11 +172,11 @@ TEST(RefTest, AHundredThousandRefsTakeBytesEach) {
       "each; %d possible CPUs, %d thread indexes handed out\n",
       kRefs, bytes_each(used, kRefs), used.cpu, used.thread, sizeof(ref), kKilled,
       bytes_each(killed, kKilled), max_cpus(), indexes);
-  // 32 bytes per CPU; 64 per thread index (only a thread without rseq that
+  // 32 bytes per CPU; 32 per thread index (only a thread without rseq that
   // used the refs wrote its copies, but any index handed out may have); the
   // chunks' headers and the last, partly used pages: 16 bytes, or for the
   // killed refs a page of each CPU's region and of up to 4 chunk headers.
-  const double bound = sizeof(ref) + 32.0 * max_cpus() + 64.0 * indexes;
+  const double bound = sizeof(ref) + 32.0 * max_cpus() + 32.0 * indexes;
   EXPECT_LE(bytes_each(used, kRefs), bound + 16) << "more than the words a ref needs";
   EXPECT_LE(bytes_each(killed, kKilled),
             bound + static_cast<double>(sysconf(_SC_PAGESIZE)) * (max_cpus() + 4) / kKilled)

@@ -368,6 +368,20 @@ void end_fork_flags() noexcept {
   t_forking = 0;
 }
 
+bool fork_holds_flags() noexcept {
+  return __atomic_load_n(&g_fork_pending, __ATOMIC_SEQ_CST) != 0 && t_forking == 0 &&
+         t_fork_exempt == 0;
+}
+
+void clear_flag_in_child(int* flag) noexcept {
+  const int value = __atomic_load_n(flag, __ATOMIC_RELAXED);
+  // kFlagForked: taken by this fork's handler, which gives it back.
+  if (value == kFlagFree || value == kFlagAbandoned || value == kFlagForked) return;
+  const int self = current_tid();
+  if (value == self) return;
+  __atomic_store_n(flag, value == g_fork_tid ? self : kFlagFree, __ATOMIC_RELAXED);
+}
+
 section_user mark_section_user() noexcept {
   if (t_section_state == section_user::forced_locked) return section_user::forced_locked;
   __atomic_store_n(&g_section_users, 1, __ATOMIC_SEQ_CST);

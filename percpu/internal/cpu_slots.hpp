@@ -82,6 +82,10 @@
 //   waits only for threads that do not wait. A signal handler on the forking
 //   thread that interrupted a holder and calls fork() would wait for its own
 //   thread: the fork handler skips the flags that thread holds (see below).
+//   Thread slots' lockers it waits for without taking them, so that a fork
+//   writes none of them (thread_slots.hpp, "Fork"): a locker that took one
+//   after the handler read it free finds the hold (fork_holds_flags) and
+//   lets go before it touches the slot.
 //   ref::kill() holds its kill flag, which the fork handler waits for, while
 //   it takes the slots' lockers; it exempts itself from the refusal above
 //   (exempt_from_fork_pending), so it finishes and the fork goes on.
@@ -321,6 +325,15 @@ void release_locker(cpu_slot* slot) noexcept;
 void begin_fork_flags() noexcept;
 void end_fork_flags() noexcept;
 void exempt_from_fork_pending(bool on) noexcept;
+// Whether that hold applies to the calling thread now (a fork handler runs
+// elsewhere, and this thread is neither forking nor exempt). Sequentially
+// consistent: a thread that took a flag, then finds this false, is seen
+// holding it by a fork handler that reads the flag after begin_fork_flags.
+[[nodiscard]] bool fork_holds_flags() noexcept;
+// In the child after fork: a flag held by a thread that does not exist
+// there is freed; one the forking thread's own frames hold gets its new
+// id; free and abandoned flags stay. Writes only a flag that changes.
+void clear_flag_in_child(int* flag) noexcept;
 
 // ---- Owner sections on per-CPU lists --------------------------------------
 //

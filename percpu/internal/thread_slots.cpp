@@ -98,16 +98,10 @@ bool thread_slots_usable() noexcept {
 #endif
 }
 
-thread_slot* new_thread_slots(std::intptr_t empty) {
-  if (!thread_slots_usable()) return nullptr;
-  thread_slot* slots = new thread_slot[kThreadSlots];
-  for (int i = 0; i < kThreadSlots; ++i) slots[i] = thread_slot{empty, 0, 0, 0, 0};
-  return slots;
-}
-
 namespace {
-// Every ref's thread slots, one object of kThreadSlots copies each.
-stride_arena g_thread_slot_copies(sizeof(thread_slot), kThreadSlots);
+// Every structure's thread slots, one object of kThreadSlots copies each.
+stride_arena g_thread_slot_copies(32, kThreadSlots);
+static_assert(sizeof(thread_slot) <= 32, "");
 }  // namespace
 
 thread_slot* new_thread_slot_copies() noexcept {
@@ -115,9 +109,9 @@ thread_slot* new_thread_slot_copies() noexcept {
   return static_cast<thread_slot*>(g_thread_slot_copies.allocate());
 }
 
-void delete_thread_slot_copies(thread_slot* copy0) noexcept {
-  if (copy0 != nullptr) {
-    g_thread_slot_copies.deallocate(copy0, static_cast<unsigned>(thread_index_limit()));
+void delete_thread_slot_copies(thread_slot* copies) noexcept {
+  if (copies != nullptr) {
+    g_thread_slot_copies.deallocate(copies, static_cast<unsigned>(thread_index_limit()));
   }
 }
 
@@ -141,6 +135,12 @@ void delete_thread_group_copies(void* copy0) noexcept {
 
 lock_result lock_thread_slot(thread_slot* slot) noexcept {
   if (!try_take_flag(&slot->locker)) return lock_result::busy;
+  // A fork handler that began meanwhile may have read the flag free before
+  // the exchange: leave before touching anything (see "Fork").
+  if (fork_holds_flags()) {
+    release_flag(&slot->locker);
+    return lock_result::busy;
+  }
   __atomic_store_n(&slot->revoked, 1, __ATOMIC_SEQ_CST);
   if (!barrier_all()) {
     __atomic_store_n(&slot->revoked, 0, __ATOMIC_RELEASE);
@@ -185,12 +185,12 @@ bool wait_until_idle(thread_slot* slot, int index, holder_verdict* verdict) noex
 
 }  // namespace
 
-bool wait_for_thread_slot_owners(thread_slot_table slots, int* indexes) noexcept {
+bool wait_for_thread_slot_owners(thread_slot* copies, int* indexes) noexcept {
   if (!barrier_all()) return false;
   const int limit = thread_index_limit();
   for (int i = 0; i < limit; ++i) {
     holder_verdict verdict = holder_verdict::running;
-    if (!wait_until_idle(slots.at(i), i, &verdict)) {
+    if (!wait_until_idle(thread_slot_at(copies, i), i, &verdict)) {
       // Its owner left a get() or put() by a jump, or exited inside one:
       // it never writes this word again (its next operation finds busy set
       // and takes the atomic paths), so the word is final as it is.
@@ -201,48 +201,57 @@ bool wait_for_thread_slot_owners(thread_slot_table slots, int* indexes) noexcept
   return true;
 }
 
-void revoke_thread_slots_for_fork(thread_slot_table table) noexcept {
-  for (int i = 0; i < kThreadSlots; ++i) {
-    fork_wait_for_flag(&table.at(i)->locker);
-    // A locker this handler could not take keeps the revoked flag its
-    // holder set (or cleared).
-    if (__atomic_load_n(&table.at(i)->locker, __ATOMIC_RELAXED) == kFlagForked) {
-      __atomic_store_n(&table.at(i)->revoked, 1, __ATOMIC_SEQ_CST);
+namespace {
+
+// Waits, reading only, until `flag` is free or held by the calling thread
+// (its own frames: a handler that interrupted a locker called fork). False
+// when its holder will never release it.
+bool wait_until_free(const int* flag, holder_verdict* verdict) noexcept {
+  int watched = kFlagFree;
+  long watched_since = 0;
+  const int self = current_tid();
+  for (int spins = 0;; ++spins) {
+    const int holder = __atomic_load_n(flag, __ATOMIC_SEQ_CST);
+    if (holder == kFlagFree || holder == self) return true;
+    if (holder == kFlagAbandoned) {
+      *verdict = holder_verdict::gone;
+      return false;
+    }
+    if (!back_off(spins)) continue;
+    const holder_verdict v = judge_holder(holder, &watched, &watched_since);
+    if (v != holder_verdict::running) {
+      *verdict = v;
+      return false;
     }
   }
-  if (!barrier_all()) __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  const int self = t_thread_index_plus_one - 1;  // its own slot may be busy below this handler
-  for (int i = 0; i < kThreadSlots; ++i) {
-    if (i == self) continue;
+}
+
+}  // namespace
+
+void wait_for_thread_slot_lockers(thread_slot* copies) noexcept {
+  const int limit = thread_index_limit();
+  for (int i = 0; i < limit; ++i) {
     holder_verdict verdict = holder_verdict::running;
-    if (!wait_until_idle(table.at(i), i, &verdict) && verdict != holder_verdict::self) {
-      // The child clears it (restore_thread_slots_after_fork); the parent
-      // keeps it as its owner left it.
+    if (!wait_until_free(&thread_slot_at(copies, i)->locker, &verdict) &&
+        verdict != holder_verdict::self) {
+      // The child clears it (clear_thread_slots_in_child); the parent keeps
+      // it as its holder left it.
       report_abandoned("a thread's slot of a percpu structure, at fork(),", verdict);
     }
   }
 }
 
-void restore_thread_slots_after_fork(thread_slot_table table, bool child) noexcept {
-  // An owner that found its slot revoked stores busy = 1 and then 0 again;
-  // a fork between the two leaves busy set in the child, where that thread
-  // does not exist, and lockers there would find the slot busy for ever.
-  if (child) clear_thread_slots_in_child(table);
-  for (int i = 0; i < kThreadSlots; ++i) {
-    if (__atomic_load_n(&table.at(i)->locker, __ATOMIC_RELAXED) == kFlagForked) {
-      __atomic_store_n(&table.at(i)->revoked, 0, __ATOMIC_RELEASE);
-    }
-    fork_release_flag(&table.at(i)->locker);
-  }
-}
-
-// The child has no other thread, so every busy flag but its own is stale.
-void clear_thread_slots_in_child(thread_slot_table slots) noexcept {
+// The child has no other thread, so every busy flag but its own is stale,
+// and so is every locker but those of its own frames.
+void clear_thread_slots_in_child(thread_slot* copies) noexcept {
   const int self = t_thread_index_plus_one - 1;
-  for (int i = 0; i < kThreadSlots; ++i) {
-    if (i != self && __atomic_load_n(&slots.at(i)->busy, __ATOMIC_RELAXED) != 0) {
-      __atomic_store_n(&slots.at(i)->busy, 0, __ATOMIC_RELAXED);
+  const int limit = thread_index_limit();
+  for (int i = 0; i < limit; ++i) {
+    thread_slot* slot = thread_slot_at(copies, i);
+    if (i != self && __atomic_load_n(&slot->busy, __ATOMIC_RELAXED) != 0) {
+      __atomic_store_n(&slot->busy, 0, __ATOMIC_RELAXED);
     }
+    clear_flag_in_child(&slot->locker);
   }
 }
 

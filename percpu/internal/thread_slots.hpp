@@ -42,13 +42,28 @@
 //   ref::kill() needs no lock: it stores a flag of its own that owners read
 //   after entering, and one barrier, then waits for the owners inside.
 //
-// Fork
-//   A structure's fork handler revokes every thread slot with one barrier and
-//   waits (rule R3: owners never wait while busy) until none is busy, so the
-//   child never inherits a slot in the middle of an update. ref, whose
-//   owners update with one store, only clears stale busy flags in the child.
+// Where the slots are
+//   A structure's slots are one object of the thread-index memory
+//   (new_thread_slot_copies): index i's slot is thread_slot_at(copies, i),
+//   kStride bytes after index i - 1's, so the slots of one index in every
+//   structure share that index's pages, and a structure pays only for the
+//   indexes whose threads write to it. A new slot is all zero: an empty
+//   head reads as 0 (thread_slot_head() turns a structure's own empty
+//   marker into 0 and back), nobody busy, nothing revoked, the locker free.
+//   Walks over every thread's slot stop at thread_index_limit().
 //
-// Async-signal-safe: everything but new_thread_slots.
+// Fork
+//   Nothing is written before a fork. Every owner update of a slot's head is
+//   one store (the nodes it links are written before it), so the child sees
+//   the head before or after it, a whole list either way; owners need not
+//   be stopped. Lockers, which move nodes in several steps, must be: the
+//   fork registry's hold on every flag (begin_fork_flags in cpu_slots.hpp)
+//   keeps new lockers out, lock_thread_slot checking it again after it took
+//   the flag, and wait_for_thread_slot_lockers waits, reading only, for
+//   those inside. In the child, clear_thread_slots_in_child clears the busy
+//   flags and lockers of threads that do not exist there.
+//
+// Async-signal-safe: everything.
 #pragma once
 
 #include <cstddef>
@@ -62,34 +77,33 @@ namespace internal {
 
 constexpr int kThreadSlots = 128;
 
-struct alignas(64) thread_slot {
+struct thread_slot {
   std::intptr_t head;  // owner: relaxed atomics while busy; lockers while revoked
-  std::intptr_t aux;   // a second word for the structure's own use, same rules
   int busy;            // written only by the owning thread (and its handlers)
   int revoked;         // written only by the holder of locker
   int locker;          // a flag (cpu_slots.hpp)
 };
 
-static_assert(sizeof(thread_slot) == 64, "a thread's slot is one cache line");
+// An object of the thread-index memory's 32-byte class. Two indexes' slots
+// are kStride apart, so never on one cache line; one index's slots of
+// several structures may be, which only the remote paths write.
+static_assert(sizeof(thread_slot) <= 32, "a thread's slot in the 32-byte class");
 
-// Where one structure keeps its thread slots: index i's at
-// base + (i << shift). Either an array of kThreadSlots (new_thread_slots;
-// free_list, object_pool, shared_mutex) or one object of the thread-index
-// arena (new_thread_slot_copies; ref), whose copies are kStride apart, so
-// that a structure pays only for the indexes whose threads write to it: an
-// untouched copy shares its page with the same index's copies of other
-// structures, and a page no thread writes is never filled.
-struct thread_slot_table {
-  thread_slot* base;
-  unsigned shift;
+// Index `index`'s slot of the structure whose slots begin at `copies`.
+[[nodiscard]] inline thread_slot* thread_slot_at(thread_slot* copies, int index) noexcept {
+  return stride_copy(copies, static_cast<unsigned>(index));
+}
 
-  static thread_slot_table of_array(thread_slot* slots) noexcept { return {slots, 6}; }
-  static thread_slot_table of_copies(thread_slot* copy0) noexcept { return {copy0, kStrideShift}; }
-  thread_slot* at(int index) const noexcept {
-    return reinterpret_cast<thread_slot*>(reinterpret_cast<std::uintptr_t>(base) +
-                                          (static_cast<std::uintptr_t>(index) << shift));
-  }
-};
+// A slot's head for a structure whose empty list is `empty`: stored XOR
+// `empty`, so that a zeroed slot holds the empty list.
+[[nodiscard]] inline std::intptr_t thread_slot_head(const thread_slot* slot,
+                                                    std::intptr_t empty) noexcept {
+  return __atomic_load_n(&slot->head, __ATOMIC_RELAXED) ^ empty;
+}
+inline void set_thread_slot_head(thread_slot* slot, std::intptr_t head,
+                                 std::intptr_t empty) noexcept {
+  __atomic_store_n(&slot->head, head ^ empty, __ATOMIC_RELAXED);
+}
 
 // The calling thread's index in [0, kThreadSlots), or -1.
 // Async-signal-safe (the first call on a thread makes a few system calls,
@@ -113,18 +127,13 @@ PERCPU_EXPORT int claim_thread_index() noexcept;
 [[nodiscard]] int thread_index_limit() noexcept;
 // Whether structures may use thread slots in this process.
 [[nodiscard]] bool thread_slots_usable() noexcept;
-// A structure's array of kThreadSlots thread slots, each holding the empty
-// head `empty` and nothing else (release it with delete[]), or nullptr where
-// thread_slots_usable() is false.
-thread_slot* new_thread_slots(std::intptr_t empty);
-// A structure's thread slots as one object of the thread-index arena
-// (thread_slot_table::of_copies), every word zero, or nullptr where
-// thread_slots_usable() is false or no memory can be mapped.
-// Async-signal-safe, no malloc. Give it back with delete_thread_slot_copies
-// once nobody uses it: it zeroes the copies of the indexes handed out so far
+// A structure's thread slots (see "Where the slots are"), every word zero,
+// or nullptr where thread_slots_usable() is false or no memory can be
+// mapped. No malloc. Give them back with delete_thread_slot_copies once
+// nobody uses them: it zeroes the slots of the indexes handed out so far
 // (only those can have been written) and keeps the object for reuse.
 thread_slot* new_thread_slot_copies() noexcept;
-void delete_thread_slot_copies(thread_slot* copy0) noexcept;
+void delete_thread_slot_copies(thread_slot* copies) noexcept;
 
 // A cache line per thread index, in groups: a structure whose words a
 // walker sums often (shared_mutex's writer, over every reader's word) wants
@@ -184,21 +193,18 @@ void unlock_thread_slot(thread_slot* slot) noexcept;
 // and reads the flag. Nothing is written, so a slot that no thread touched
 // keeps its page unfilled. False when the barrier fails. Not from a signal
 // handler (it may wait).
-[[nodiscard]] bool wait_for_thread_slot_owners(thread_slot_table slots, int* indexes) noexcept;
-// Fork handler helpers (R3): revoke every slot of `slots` and wait until no
-// owner but the calling thread is inside; then undo (`child`: the fork
-// registry's word that this runs in the child, which also clears the busy
-// flags as below). For structures whose owners update a slot in several
-// steps (free_list, object_pool).
-void revoke_thread_slots_for_fork(thread_slot_table slots) noexcept;
-void restore_thread_slots_after_fork(thread_slot_table slots, bool child) noexcept;
-// The child's half for a structure whose owners update a slot with one
-// store (ref), which needs nothing before the fork: the child sees each
-// word before or after that store, and this clears the busy flags that
-// threads which do not exist in the child left set (all but the calling
-// thread's own). Reads every index's slot, writes only those, so no page of
-// an untouched slot fills.
-void clear_thread_slots_in_child(thread_slot_table slots) noexcept;
+[[nodiscard]] bool wait_for_thread_slot_owners(thread_slot* copies, int* indexes) noexcept;
+// The fork handler's half (see "Fork"), between begin_fork_flags and the
+// fork: waits, reading only, until no other thread holds the locker of any
+// slot of `copies` below thread_index_limit(). A locker the forking
+// thread's own frames hold is left as it is; one whose thread exited inside
+// is reported (cpu_slots.hpp, "Abandoned holders").
+void wait_for_thread_slot_lockers(thread_slot* copies) noexcept;
+// The child's half: clears the busy flags and the lockers that threads
+// which do not exist in the child left set (a locker the forking thread's
+// frames hold gets its new thread id). Reads every handed-out index's
+// slot, writes only those, so no page of an untouched slot fills.
+void clear_thread_slots_in_child(thread_slot* copies) noexcept;
 
 }  // namespace internal
 }  // namespace percpu
