@@ -7,8 +7,12 @@
 #include "percpu/internal/thread_slots.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <set>
@@ -19,9 +23,22 @@ namespace percpu {
 namespace internal {
 namespace {
 
+// A new thread's index, once the thread has exited: joined, and gone as
+// far as tgkill can tell (join returns when the kernel clears the thread's
+// id word, a moment before the thread stops existing for tgkill, which is
+// what decides whether its index is free).
 int index_of_a_new_thread() {
   int index = -2;
-  std::thread([&] { index = thread_index(); }).join();
+  int tid = 0;
+  std::thread([&] {
+    index = thread_index();
+    tid = static_cast<int>(syscall(SYS_gettid));
+  }).join();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!(syscall(SYS_tgkill, getpid(), tid, 0) != 0 && errno == ESRCH) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
   return index;
 }
 
