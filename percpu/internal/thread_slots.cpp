@@ -28,24 +28,54 @@ void raise_thread_index_limit(int index) noexcept {
   }
 }
 
-// The lowest index that is free or whose thread has exited: reusing the
-// indexes of exited threads before fresh ones keeps thread_index_limit(),
-// and with it every walk over the threads' words, at the most threads
-// alive at once, not the most ever started (a pool of worker threads made
-// anew for each job). A look at a held index is a tgkill(pid, tid, 0).
+// Where the next claim starts looking among the indexes handed out.
+unsigned g_probe_cursor = 0;
+// How many indexes below the limit a claim looks at before it takes a new
+// one: each look at a held index is a tgkill(pid, tid, 0), a system call.
+constexpr int kReuseProbes = 8;
+
+bool exited(int pid, int owner) noexcept {
+  return syscall(SYS_tgkill, pid, owner, 0) != 0 && errno == ESRCH;
+}
+
+bool try_claim(int index, int owner, int tid) noexcept {
+  if (!__atomic_compare_exchange_n(&g_thread_owner[index], &owner, tid, false, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_RELAXED)) {
+    return false;
+  }
+  raise_thread_index_limit(index);
+  return true;
+}
+
+// Reusing the indexes of exited threads before new ones keeps
+// thread_index_limit(), and with it every walk over the threads' words, near
+// the most threads alive at once rather than the most ever started (a pool
+// of worker threads made anew for each job). But telling an exited thread's
+// index from a live one's costs a system call, so a claim looks at only
+// kReuseProbes indexes below the limit, from a cursor that moves on with
+// every claim: a free one or an exited thread's is taken. Else the lowest
+// never-used index; when none is left, any exited thread's.
 int claim_one_index() noexcept {
   const int saved_errno = errno;
   const int tid = static_cast<int>(syscall(SYS_gettid));
   const int pid = getpid();
   int found = -1;
+  const int limit = __atomic_load_n(&g_thread_index_limit, __ATOMIC_ACQUIRE);
+  const unsigned cursor = __atomic_fetch_add(&g_probe_cursor, kReuseProbes, __ATOMIC_RELAXED);
+  for (int k = 0; k < kReuseProbes && k < limit && found < 0; ++k) {
+    const int i =
+        static_cast<int>((cursor + static_cast<unsigned>(k)) % static_cast<unsigned>(limit));
+    const int owner = __atomic_load_n(&g_thread_owner[i], __ATOMIC_RELAXED);
+    if ((owner == 0 || exited(pid, owner)) && try_claim(i, owner, tid)) found = i;
+  }
   for (int i = 0; i < kThreadSlots && found < 0; ++i) {
-    int owner = __atomic_load_n(&g_thread_owner[i], __ATOMIC_RELAXED);
-    if (owner != 0 && !(syscall(SYS_tgkill, pid, owner, 0) != 0 && errno == ESRCH)) continue;
-    if (__atomic_compare_exchange_n(&g_thread_owner[i], &owner, tid, false, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_RELAXED)) {
+    if (__atomic_load_n(&g_thread_owner[i], __ATOMIC_RELAXED) == 0 && try_claim(i, 0, tid)) {
       found = i;
-      raise_thread_index_limit(i);
     }
+  }
+  for (int i = 0; i < kThreadSlots && found < 0; ++i) {
+    const int owner = __atomic_load_n(&g_thread_owner[i], __ATOMIC_RELAXED);
+    if (owner != 0 && exited(pid, owner) && try_claim(i, owner, tid)) found = i;
   }
   errno = saved_errno;
   return found;

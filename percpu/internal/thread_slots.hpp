@@ -29,12 +29,16 @@
 //   order, they are not used either.
 //
 // Thread indexes
-//   thread_index() hands each thread the lowest index of a process-wide
-//   table that is free or whose thread has exited (tgkill(pid, tid, 0)
-//   fails with ESRCH) once, with a compare-and-swap, so the indexes in use
-//   stay below the most threads alive at once. An exited thread's index is
-//   taken over along with what its slots hold in every structure, which is
-//   exactly what a new owner of those slots should get. A forked child's thread keeps its index (a
+//   thread_index() hands each thread an index of a process-wide table once,
+//   with a compare-and-swap: first a free one or one whose thread has
+//   exited (tgkill(pid, tid, 0) fails with ESRCH) among a few of those
+//   handed out so far, looked at from a cursor that moves on with every
+//   claim; else the lowest never-used one; when none is left, any exited
+//   thread's. So the indexes in use stay near the most threads alive at
+//   once, and a claim makes at most a few tgkill calls while indexes
+//   remain. An exited thread's index is taken over along with what its
+//   slots hold in every structure, which is exactly what a new owner of
+//   those slots should get. A forked child's thread keeps its index (a
 //   fork handler records its new tid); the parent's other indexes are free to be taken there.
 //   Beyond kThreadSlots live threads, later ones get -1 and keep the locked per-CPU path.
 //
@@ -106,8 +110,8 @@ inline void set_thread_slot_head(thread_slot* slot, std::intptr_t head,
 }
 
 // The calling thread's index in [0, kThreadSlots), or -1.
-// Async-signal-safe (the first call on a thread makes a few system calls,
-// and one tgkill for each index below the one it takes that a thread holds).
+// Async-signal-safe (the first call on a thread makes a few system calls:
+// see "Thread indexes").
 // Only for out-of-line slow paths: it reads TLS the compiler's way, which a
 // coroutine resumed on another thread must not have cached (cpu.hpp).
 extern PERCPU_EXPORT __thread int t_thread_index_plus_one PERCPU_STATIC_TLS;

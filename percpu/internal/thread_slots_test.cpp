@@ -43,17 +43,16 @@ int index_of_a_new_thread() {
 }
 
 // A pool of worker threads made anew for each job: 200 threads, one after
-// another. Each takes the index the one before left, so the limit that
-// every walk over the threads' words stops at grows by one at most.
+// another. Each takes an index that an exited thread left, so the limit
+// that every walk over the threads' words stops at grows by one at most.
 TEST(ThreadIndexTest, AnExitedThreadsIndexIsHandedOutAgain) {
   (void)thread_index();
   const int limit_before = thread_index_limit();
-  const int first = index_of_a_new_thread();
-  ASSERT_GE(first, 0);
   for (int i = 0; i < 200; ++i) {
     const int index = index_of_a_new_thread();
-    ASSERT_LE(index, first) << "thread " << i
-                            << " took a new index though an exited thread's was free";
+    ASSERT_GE(index, 0);
+    ASSERT_LE(index, limit_before)
+        << "thread " << i << " took a new index though exited threads' were free";
   }
   EXPECT_LE(thread_index_limit(), limit_before + 1);
 }
