@@ -34,7 +34,7 @@
 //   the single atomic count; still exact.
 //
 // Memory
-//   The ref itself (64 bytes), plus 32 bytes per possible CPU and 32 per
+//   The ref itself (80 bytes), plus 32 bytes per possible CPU and 32 per
 //   thread without rseq that used it: its words come from percpu's per-CPU
 //   memory (internal/stride_arena.hpp, one copy per CPU) and from memory
 //   laid out the same way by thread index (internal/thread_slots.hpp), so a
