@@ -2,8 +2,9 @@
 # scripts/bench_librseq.sh LIBRSEQ_CLONE [ROUNDS]
 #
 # percpu beside librseq in one process (benchmarks/librseq/side_by_side.cpp):
-# cpu_id(), counter::add(), per_cpu<T>::add() and counter::load() against
-# librseq's read, add and sum, 9 alternating rounds by default, in a default
+# cpu_id(), counter::add(), per_cpu<T>::add(), counter::load() and free_list
+# pop+push against librseq's read, add and sum and a per-CPU list on its
+# sections, 9 alternating rounds by default, in a default
 # -O2 build and again with -falign-loops=64; each build twice, with glibc
 # registering rseq and with librseq registering it first (glibc's off).
 #

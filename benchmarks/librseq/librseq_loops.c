@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <rseq/mempool.h>
 #include <rseq/rseq.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define BARRIER() __asm__ __volatile__("" ::: "memory")
@@ -103,4 +104,56 @@ int64_t librseq_sum_loop_from_memory(long n) {
     BARRIER();
   }
   return total;
+}
+
+/* A per-CPU intrusive list the way librseq's API makes one (the kernel
+ * selftests' basic_percpu_ops shape): a head per CPU on its own 128 bytes,
+ * push by compare-and-store of the head, pop by librseq's
+ * load-compare-store-of-the-successor, both retried while the section
+ * aborts. */
+struct librseq_node {
+  struct librseq_node* next;
+};
+struct librseq_head {
+  struct librseq_node* head;
+} __attribute__((aligned(128)));
+static struct librseq_head librseq_heads[CPU_SETSIZE];
+static struct librseq_node librseq_nodes[CPU_SETSIZE];
+
+static inline void librseq_push(struct librseq_node* node) {
+  for (;;) {
+    int cpu = rseq_cpu_start();
+    struct librseq_node* expect = RSEQ_READ_ONCE(librseq_heads[cpu].head);
+    node->next = expect;
+    if (rseq_load_cbne_store__ptr(RSEQ_MO_RELAXED, RSEQ_PERCPU_CPU_ID,
+                                  (intptr_t*)&librseq_heads[cpu].head, (intptr_t)expect,
+                                  (intptr_t)node, cpu) == 0) {
+      return;
+    }
+  }
+}
+
+static inline struct librseq_node* librseq_pop(void) {
+  for (;;) {
+    int cpu = rseq_cpu_start();
+    intptr_t head;
+    int ret = rseq_load_cbeq_store_add_load_store__ptr(
+        RSEQ_MO_RELAXED, RSEQ_PERCPU_CPU_ID, (intptr_t*)&librseq_heads[cpu].head, 0,
+        offsetof(struct librseq_node, next), &head, cpu);
+    if (ret == 0) return (struct librseq_node*)head;
+    if (ret > 0) return NULL;
+  }
+}
+
+/* Puts one node on the calling thread's CPU list (its own node, by CPU). */
+void librseq_list_prepare(int cpu) { librseq_push(&librseq_nodes[cpu]); }
+
+/* pop+push of the node on this CPU's list, as percpu-bench's free_list row. */
+void librseq_list_loop(long n) {
+  for (long i = 0; i < n; ++i) {
+    struct librseq_node* node = librseq_pop();
+    BARRIER();
+    if (node != NULL) librseq_push(node);
+    BARRIER();
+  }
 }

@@ -1,6 +1,7 @@
 // percpu beside librseq in one process: cpu_id(), counter::add(),
-// per_cpu<T>::add() and counter::load() against librseq's own read, its add
-// on an rseq_mempool item and the sum of that item over the CPUs. The add
+// per_cpu<T>::add(), counter::load() and free_list pop+push against
+// librseq's own read, its add on an rseq_mempool item, the sum of that item
+// over the CPUs, and a per-CPU list made with librseq's sections. The add
 // runs twice on librseq's side: with the item's pointer in a register (the
 // loop receives it), and read from memory at each add, as percpu's counter
 // reads its slots' pointer from the counter object); the sum likewise, with
@@ -28,6 +29,7 @@
 
 #include "percpu/counter.hpp"
 #include "percpu/cpu.hpp"
+#include "percpu/free_list.hpp"
 #include "percpu/per_cpu.hpp"
 
 extern "C" {
@@ -40,6 +42,8 @@ void librseq_add_loop_from_memory(long n);
 extern int librseq_cpus_in_memory;
 std::int64_t librseq_sum_loop_from_memory(long n);
 std::int64_t librseq_sum_loop(void* item, int cpus, long n);
+void librseq_list_prepare(int cpu);
+void librseq_list_loop(long n);
 }
 
 #define BARRIER() asm volatile("" ::: "memory")
@@ -85,6 +89,18 @@ __attribute__((noinline)) void percpu_load_loop(long n) {
   }
   g_sink.fetch_add(sum, std::memory_order_relaxed);
 }
+// The free list's side: pop+push of a node on the calling CPU's list, a
+// compiler barrier after each operation, as the librseq side does.
+percpu::free_list g_free_list;
+percpu::free_list_node g_free_list_nodes[CPU_SETSIZE];
+__attribute__((noinline)) void percpu_list_loop(long n) {
+  for (long i = 0; i < n; ++i) {
+    percpu::free_list_node* node = g_free_list.pop();
+    BARRIER();
+    if (node != nullptr) g_free_list.push(node);
+    BARRIER();
+  }
+}
 void librseq_cpu(long n) { g_sink.fetch_add(librseq_cpu_loop(n), std::memory_order_relaxed); }
 void librseq_add(long n) { librseq_add_loop(g_librseq_item, n); }
 void librseq_load_from_memory(long n) {
@@ -103,6 +119,8 @@ double thread_seconds() {
 
 // ns per operation of `loop` on `threads` threads pinned to CPUs 0..threads-1,
 // all started together; the mean over the threads of each one's CPU time.
+bool prepared[CPU_SETSIZE];
+
 double run(const std::function<void(long)>& loop, int threads, long n) {
   std::vector<double> ns(threads);
   std::atomic<int> ready{0};
@@ -114,6 +132,13 @@ double run(const std::function<void(long)>& loop, int threads, long n) {
       CPU_SET(t, &one);
       pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
       librseq_register();
+      // Each list side gets a node on this thread's CPU (the loops pop it
+      // and push it back); harmless for the other rows.
+      if (!prepared[t]) {
+        prepared[t] = true;
+        g_free_list.push(&g_free_list_nodes[t]);
+        librseq_list_prepare(t);
+      }
       loop(1000);  // warm: first use, pages, registration
       ready.fetch_add(1);
       while (ready.load() < threads) {
@@ -197,6 +222,8 @@ int main(int argc, char** argv) {
        percpu_load_loop, librseq_load, 2000000},
       {"read the total", "counter::load()", "the same, its pointer and count read from memory",
        percpu_load_loop, librseq_load_from_memory, 2000000},
+      {"list pop+push", "free_list", "librseq per-CPU list (selftests' shape)", percpu_list_loop,
+       librseq_list_loop, 10000000},
   };
   std::printf("%-16s %-18s %-45s %8s %10s %10s %7s\n", "what", "percpu", "peer", "threads",
               "percpu ns", "peer ns", "ratio");
