@@ -236,10 +236,16 @@ bool wait_for(int* flag, int value, holder_verdict* verdict) noexcept {
     if (v != holder_verdict::running) {
       // A holder that is gone never comes back: mark the flag, so later
       // waiters give up at once (it stays held, so nobody ever takes it).
+      // Unless it released the flag and then exited, between the read of
+      // `holder` above and the look at its thread: the flag then no longer
+      // holds its id, the mark fails, and the wait goes on.
       if (v == holder_verdict::gone) {
         int expected = holder;
-        __atomic_compare_exchange_n(flag, &expected, kFlagAbandoned, false, __ATOMIC_RELAXED,
-                                    __ATOMIC_RELAXED);
+        if (!__atomic_compare_exchange_n(flag, &expected, kFlagAbandoned, false, __ATOMIC_RELAXED,
+                                         __ATOMIC_RELAXED) &&
+            expected != kFlagAbandoned) {
+          continue;
+        }
       }
       *verdict = v;
       return false;

@@ -205,6 +205,9 @@ bool wait_until_idle(thread_slot* slot, int index, holder_verdict* verdict) noex
     const int owner = __atomic_load_n(&g_thread_owner[index], __ATOMIC_RELAXED);
     const holder_verdict v =
         owner == 0 ? holder_verdict::gone : judge_holder(owner, &watched, &watched_since);
+    // An owner that left its slot and then exited, after the look at busy
+    // above, is not an abandoned one: look again.
+    if (v == holder_verdict::gone && __atomic_load_n(&slot->busy, __ATOMIC_ACQUIRE) == 0) break;
     if (v != holder_verdict::running) {
       *verdict = v;
       return false;
@@ -249,6 +252,9 @@ bool wait_until_free(const int* flag, holder_verdict* verdict) noexcept {
     }
     if (!back_off(spins)) continue;
     const holder_verdict v = judge_holder(holder, &watched, &watched_since);
+    // A holder that released the flag and then exited, after the read of
+    // `holder` above, is not an abandoned one: look again.
+    if (v == holder_verdict::gone && __atomic_load_n(flag, __ATOMIC_SEQ_CST) != holder) continue;
     if (v != holder_verdict::running) {
       *verdict = v;
       return false;
