@@ -29,14 +29,11 @@ constexpr int kLockTries = 3;
 }  // namespace
 
 free_list::free_list() : slot_count_(max_cpus()) {
-  end_.next = &end_;
   overflow_.head = 0;
   overflow_.consumer = internal::kFlagFree;
-  slots_ = new slot[static_cast<std::size_t>(slot_count_)];
-  for (int i = 0; i < slot_count_; ++i) {
-    slots_[i].head = end();
-    slots_[i].locker = internal::kFlagFree;
-  }
+  // Every copy zero: every CPU's list empty, its locker free.
+  slots_ = static_cast<slot*>(internal::stride_arena_for(sizeof(slot)).allocate());
+  if (slots_ == nullptr) throw std::bad_alloc();
   thread_slots_ = internal::new_thread_slot_copies();
   register_for_fork();
   // Cheap now if the program has not started threads yet; see cpu_slots.hpp.
@@ -46,22 +43,24 @@ free_list::free_list() : slot_count_(max_cpus()) {
 free_list::~free_list() {
   unregister_for_fork();
   internal::delete_thread_slot_copies(thread_slots_);
-  delete[] slots_;
+  internal::stride_arena_for(sizeof(slot)).deallocate(slots_);
 }
 
 // Waits for every flag while holding the ones already taken: safe by rule
 // R3 of percpu/internal/cpu_slots.hpp (every holder finishes without waiting
-// for anything).
+// for anything). The lockers of the CPUs' and the threads' lists it waits
+// for without writing them: a fork fills no page of a CPU or thread that
+// never touched the list.
 void free_list::before_fork() noexcept {
-  for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);
+  internal::wait_for_slot_lockers(slots_, slot_count_);
   internal::wait_for_consumer(&overflow_);
   if (thread_slots_ != nullptr) internal::wait_for_thread_slot_lockers(thread_slots_);
 }
 
 void free_list::after_fork(bool child) noexcept {
-  if (thread_slots_ != nullptr && child) internal::clear_thread_slots_in_child(thread_slots_);
+  if (child && thread_slots_ != nullptr) internal::clear_thread_slots_in_child(thread_slots_);
   internal::release_consumer(&overflow_);
-  for (int i = 0; i < slot_count_; ++i) internal::release_locker(&slots_[i]);
+  if (child) internal::slot_lockers_in_child(slots_, slot_count_);
 }
 
 void free_list::to_overflow(free_list_node* first, free_list_node* last) noexcept {
@@ -85,8 +84,8 @@ internal::thread_slot* free_list::own_thread_slot() noexcept {
 bool free_list::push_chain_own(free_list_node* first, free_list_node* last) noexcept {
   internal::thread_slot* own = own_thread_slot();
   if (own == nullptr || !internal::thread_slot_enter(own)) return false;
-  last->next = reinterpret_cast<free_list_node*>(internal::thread_slot_head(own, end()));
-  internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(first), end());
+  last->next = reinterpret_cast<free_list_node*>(internal::thread_slot_head(own));
+  internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(first));
   internal::thread_slot_leave(own);
   return true;
 }
@@ -98,10 +97,10 @@ void free_list::push_slow(free_list_node* node, bool has_sections) noexcept {
     const int cpu = internal::cpu_hint() % slot_count_;
     for (int tries = 0; tries < kLockTries; ++tries) {
       std::intptr_t head = 0;
-      const internal::lock_result r = internal::lock_slot(&slots_[cpu], cpu, &head);
+      const internal::lock_result r = internal::lock_slot(slot_of(cpu), cpu, &head);
       if (r == internal::lock_result::acquired) {
         node->next = reinterpret_cast<free_list_node*>(head);
-        internal::unlock_slot(&slots_[cpu], reinterpret_cast<std::intptr_t>(node));
+        internal::unlock_slot(slot_of(cpu), reinterpret_cast<std::intptr_t>(node));
         return;
       }
       if (r == internal::lock_result::refused) break;
@@ -118,22 +117,19 @@ void free_list::push_slow(free_list_node* node, bool has_sections) noexcept {
 // detached nodes are linked first..*rest_last, ending in nullptr.
 free_list_node* free_list::pop_locked(int cpu, int batch, free_list_node** rest_last) noexcept {
   std::intptr_t head = 0;
-  if (internal::lock_slot(&slots_[cpu], cpu, &head) != internal::lock_result::acquired) {
+  if (internal::lock_slot(slot_of(cpu), cpu, &head) != internal::lock_result::acquired) {
     return nullptr;
   }
-  if (head == end()) {
-    internal::unlock_slot(&slots_[cpu], head);
+  if (head == 0) {
+    internal::unlock_slot(slot_of(cpu), head);
     return nullptr;
   }
   free_list_node* first = reinterpret_cast<free_list_node*>(head);
   free_list_node* last = first;
-  for (int taken = 1; taken < batch && reinterpret_cast<std::intptr_t>(last->next) != end();
-       ++taken) {
-    last = last->next;
-  }
+  for (int taken = 1; taken < batch && last->next != nullptr; ++taken) last = last->next;
   const std::intptr_t rest = reinterpret_cast<std::intptr_t>(last->next);
   last->next = nullptr;
-  internal::unlock_slot(&slots_[cpu], rest);
+  internal::unlock_slot(slot_of(cpu), rest);
   *rest_last = last;
   return first;
 }
@@ -143,18 +139,15 @@ free_list_node* free_list::pop_thread_slot(int index, int batch,
                                            free_list_node** rest_last) noexcept {
   internal::thread_slot* ts = internal::thread_slot_at(thread_slots_, index);
   if (internal::lock_thread_slot(ts) != internal::lock_result::acquired) return nullptr;
-  const std::intptr_t head = internal::thread_slot_head(ts, end());
-  if (head == end()) {
+  const std::intptr_t head = internal::thread_slot_head(ts);
+  if (head == 0) {
     internal::unlock_thread_slot(ts);
     return nullptr;
   }
   free_list_node* first = reinterpret_cast<free_list_node*>(head);
   free_list_node* last = first;
-  for (int taken = 1; taken < batch && reinterpret_cast<std::intptr_t>(last->next) != end();
-       ++taken) {
-    last = last->next;
-  }
-  internal::set_thread_slot_head(ts, reinterpret_cast<std::intptr_t>(last->next), end());
+  for (int taken = 1; taken < batch && last->next != nullptr; ++taken) last = last->next;
+  internal::set_thread_slot_head(ts, reinterpret_cast<std::intptr_t>(last->next));
   last->next = nullptr;
   internal::unlock_thread_slot(ts);
   *rest_last = last;
@@ -170,9 +163,9 @@ void free_list::push_chain_home(free_list_node* first, free_list_node* last) noe
     if (push_chain_own(first, last)) return;
     const int cpu = internal::cpu_hint() % slot_count_;
     std::intptr_t head = 0;
-    if (internal::lock_slot(&slots_[cpu], cpu, &head) == internal::lock_result::acquired) {
+    if (internal::lock_slot(slot_of(cpu), cpu, &head) == internal::lock_result::acquired) {
       last->next = reinterpret_cast<free_list_node*>(head);
-      internal::unlock_slot(&slots_[cpu], reinterpret_cast<std::intptr_t>(first));
+      internal::unlock_slot(slot_of(cpu), reinterpret_cast<std::intptr_t>(first));
       return;
     }
   }
@@ -185,10 +178,10 @@ free_list_node* free_list::pop_slow(bool local_only, bool has_sections) noexcept
   if (!has_sections) {
     if (internal::thread_slot* own = own_thread_slot()) {
       if (internal::thread_slot_enter(own)) {
-        const std::intptr_t head = internal::thread_slot_head(own, end());
-        if (head != end()) {
+        const std::intptr_t head = internal::thread_slot_head(own);
+        if (head != 0) {
           free_list_node* node = reinterpret_cast<free_list_node*>(head);
-          internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(node->next), end());
+          internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(node->next));
           internal::thread_slot_leave(own);
           return node;
         }
@@ -199,7 +192,7 @@ free_list_node* free_list::pop_slow(bool local_only, bool has_sections) noexcept
     for (int tries = 0; tries < kLockTries; ++tries) {
       free_list_node* last = nullptr;
       if (free_list_node* node = pop_locked(home, 1, &last)) return node;
-      if (__atomic_load_n(&slots_[home].head, __ATOMIC_RELAXED) == end()) break;
+      if (__atomic_load_n(&slot_of(home)->head, __ATOMIC_RELAXED) == 0) break;
     }
   }
   if (local_only) return nullptr;
@@ -210,8 +203,8 @@ free_list_node* free_list::pop_slow(bool local_only, bool has_sections) noexcept
   for (int i = has_sections ? 1 : 0; i < slot_count_; ++i) {
     const int victim = (home + i) % slot_count_;
     // Peek first: an empty list is not worth a lock and a fence.
-    const std::intptr_t peek = __atomic_load_n(&slots_[victim].head, __ATOMIC_RELAXED);
-    if (peek == end() || peek == internal::kSlotLocked) continue;
+    const std::intptr_t peek = __atomic_load_n(&slot_of(victim)->head, __ATOMIC_RELAXED);
+    if (peek == 0 || peek == internal::kSlotLocked) continue;
     free_list_node* last = nullptr;
     free_list_node* first = pop_locked(victim, kStealBatch, &last);
     if (first == nullptr) continue;
@@ -224,8 +217,7 @@ free_list_node* free_list::pop_slow(bool local_only, bool has_sections) noexcept
     const int self = has_sections ? -1 : internal::thread_index();
     for (int i = 0; i < internal::thread_index_limit(); ++i) {
       if (i == self) continue;
-      if (internal::thread_slot_head(internal::thread_slot_at(thread_slots_, i), end()) == end())
-        continue;
+      if (internal::thread_slot_head(internal::thread_slot_at(thread_slots_, i)) == 0) continue;
       free_list_node* last = nullptr;
       free_list_node* first = pop_thread_slot(i, kStealBatch, &last);
       if (first == nullptr) continue;
@@ -253,25 +245,21 @@ free_list_node* free_list::take_all() noexcept {
     while (last->next != nullptr) last = last->next;
   };
   for (int cpu = 0; cpu < slot_count_; ++cpu) {
+    // Peek first: an empty list is not worth a lock, and a CPU that never
+    // touched the list keeps its page unfilled.
+    if (__atomic_load_n(&slot_of(cpu)->head, __ATOMIC_RELAXED) == 0) continue;
     for (int tries = 0; tries < kLockTries; ++tries) {
       std::intptr_t head = 0;
-      const internal::lock_result r = internal::lock_slot(&slots_[cpu], cpu, &head);
+      const internal::lock_result r = internal::lock_slot(slot_of(cpu), cpu, &head);
       if (r == internal::lock_result::refused) break;
       if (r == internal::lock_result::busy) continue;
-      internal::unlock_slot(&slots_[cpu], end());
-      if (head != end()) {
-        free_list_node* chain = reinterpret_cast<free_list_node*>(head);
-        free_list_node* tail = chain;
-        while (reinterpret_cast<std::intptr_t>(tail->next) != end()) tail = tail->next;
-        tail->next = nullptr;
-        append(chain);
-      }
+      internal::unlock_slot(slot_of(cpu), 0);
+      append(reinterpret_cast<free_list_node*>(head));
       break;
     }
   }
   for (int i = 0; thread_slots_ != nullptr && i < internal::thread_index_limit(); ++i) {
-    if (internal::thread_slot_head(internal::thread_slot_at(thread_slots_, i), end()) == end())
-      continue;
+    if (internal::thread_slot_head(internal::thread_slot_at(thread_slots_, i)) == 0) continue;
     for (int tries = 0; tries < kLockTries; ++tries) {
       free_list_node* rest_last = nullptr;
       // A batch as large as the list: everything.
@@ -280,8 +268,7 @@ free_list_node* free_list::take_all() noexcept {
         append(chain);
         break;
       }
-      if (internal::thread_slot_head(internal::thread_slot_at(thread_slots_, i), end()) == end())
-        break;
+      if (internal::thread_slot_head(internal::thread_slot_at(thread_slots_, i)) == 0) break;
     }
   }
   append(as_node(internal::side_take_all(&overflow_)));

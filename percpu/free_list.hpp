@@ -42,13 +42,18 @@
 //   hint (internal::cpu_hint()), not a getcpu per operation.
 //
 // Memory
-//   The list itself (128 bytes) and its per-CPU heads (64 bytes per
-//   possible CPU), plus 32 bytes for each thread without rseq that used it
-//   (its own list's head, on percpu's memory laid out by thread index,
-//   internal/thread_slots.hpp: a thread that never touches a list costs it
-//   nothing, and no two threads' heads share a cache line). 10,000 lists,
-//   each used once on a 2-CPU machine, take about 400 bytes each
-//   (percpu-bench --structures, the memory table).
+//   The list itself (128 bytes), plus 16 bytes for each CPU whose threads
+//   used it with rseq (that CPU's list head, on percpu's per-CPU memory,
+//   internal/stride_arena.hpp), plus 32 bytes for each thread without rseq
+//   that used it (its own list's head, on percpu's memory laid out by
+//   thread index, internal/thread_slots.hpp). A CPU or a thread that never
+//   touches a list costs it nothing, however many CPUs the machine may have
+//   (a possible list of 0-4095 costs what 0-1 does), and no two CPUs' or
+//   threads' heads share a cache line. 100,000 lists, each used once on
+//   one CPU, take about 16 bytes each of per-CPU memory beside the list
+//   (percpu-bench --structures, the memory table). Walks over every CPU
+//   (steals, take_all(), fork()) read the heads of CPUs that never ran,
+//   which the kernel maps to its shared zero page without filling a page.
 //
 // Thread safety and signals
 //   push, pop and try_pop_local are thread-safe and async-signal-safe (a
@@ -98,7 +103,9 @@ struct free_list_node {
 
 class free_list final : private internal::fork_participant {
  public:
-  free_list();  // one slot per possible CPU (max_cpus())
+  // One slot per possible CPU (max_cpus()), on the per-CPU memory; throws
+  // std::bad_alloc when no memory can be mapped for it.
+  free_list();
   ~free_list();
   free_list(const free_list&) = delete;
   free_list& operator=(const free_list&) = delete;
@@ -123,10 +130,13 @@ class free_list final : private internal::fork_participant {
   int slot_count() const noexcept { return slot_count_; }
 
  private:
-  using slot = internal::cpu_slot;
+  using slot = internal::cpu_slot_words;
+  // CPU `cpu`'s slot: its copy of slots_ on the per-CPU memory.
+  slot* slot_of(int cpu) const noexcept {
+    return internal::stride_copy(slots_, static_cast<unsigned>(cpu));
+  }
   static constexpr int kStealBatch = 16;
 
-  std::intptr_t end() const noexcept { return reinterpret_cast<std::intptr_t>(&end_); }
   // has_sections: what the inline path's section_area() answered, so the
   // slow path of a thread without rseq does not ask again.
   void push_slow(free_list_node* node, bool has_sections) noexcept;
@@ -141,19 +151,15 @@ class free_list final : private internal::fork_participant {
   void before_fork() noexcept override;
   void after_fork(bool child) noexcept override;
 
+  // CPU 0's slot on the per-CPU memory (internal/stride_arena.hpp); CPU c's
+  // is slot_of(c). All zero when made: every list empty, no locker.
   slot* slots_;
   int slot_count_;
   // The lists of threads without rseq, one per thread index on the
-  // thread-index memory (internal::thread_slot_at; heads stored through
-  // internal::thread_slot_head, so a zeroed slot is empty), or nullptr
-  // where thread slots are not usable (internal::thread_slots_usable()) or
-  // no memory could be mapped.
+  // thread-index memory (internal::thread_slot_at; a zeroed slot is an empty
+  // list), or nullptr where thread slots are not usable
+  // (internal::thread_slots_usable()) or no memory could be mapped.
   internal::thread_slot* thread_slots_;
-  // The list terminator: every list ends here, and its next points at
-  // itself, so popping an empty list stores the same head back. nullptr
-  // cannot be the terminator because the locked marker must be the one value
-  // the pop section refuses.
-  free_list_node end_;
   internal::side_stack overflow_;
 };
 
@@ -176,10 +182,10 @@ inline free_list_node* free_list::try_pop_local() noexcept {
       __builtin_expect(internal::pop_local_head(area, slots_, slot_count_,
                                                 offsetof(free_list_node, next), &popped),
                        1)) {
-    if (popped == end()) return nullptr;
     PERCPU_TSAN_ACQUIRE(reinterpret_cast<free_list_node*>(popped));
     return reinterpret_cast<free_list_node*>(popped);
   }
+  // Empty here, or this CPU's list is unavailable.
   free_list_node* node = pop_slow(true, area != nullptr);
   if (node != nullptr) PERCPU_TSAN_ACQUIRE(node);
   return node;
@@ -191,8 +197,7 @@ inline free_list_node* free_list::pop() noexcept {
   if (__builtin_expect(area != nullptr, 1) &&
       __builtin_expect(internal::pop_local_head(area, slots_, slot_count_,
                                                 offsetof(free_list_node, next), &popped),
-                       1) &&
-      __builtin_expect(popped != end(), 1)) {
+                       1)) {
     PERCPU_TSAN_ACQUIRE(reinterpret_cast<free_list_node*>(popped));
     return reinterpret_cast<free_list_node*>(popped);
   }

@@ -172,22 +172,46 @@ std::vector<item> make_items_on(free_list& list, int n, const std::vector<int>& 
 }
 
 // Where a list's thread slots are (thread index 0's copy; nullptr where
-// thread slots are not usable), read without a seam in the library: an
-// explicit instantiation may name a private member ([temp.spec.general]),
-// and the friend it defines hands the pointer out.
+// thread slots are not usable) and its CPUs' slots (CPU 0's copy), read
+// without a seam in the library: an explicit instantiation may name a
+// private member ([temp.spec.general]), and the friend it defines hands the
+// pointer out.
 const void* thread_words(const free_list& l);
 template <auto Threads>
 struct expose_free_list_words {
   friend const void* thread_words(const free_list& l) { return l.*Threads; }
 };
 template struct expose_free_list_words<&free_list::thread_slots_>;
+const void* cpu_words(const free_list& l);
+template <auto Cpus>
+struct expose_free_list_cpu_words {
+  friend const void* cpu_words(const free_list& l) { return l.*Cpus; }
+};
+template struct expose_free_list_cpu_words<&free_list::slots_>;
+
+// Where `words` keeps each of n lists' words.
+std::set<std::uintptr_t> pages_of(const free_list* lists, long n,
+                                  const void* (*words)(const free_list&)) {
+  std::vector<const void*> where;
+  for (long i = 0; i < n; ++i) where.push_back(words(lists[i]));
+  return test::pages_holding(where);
+}
 
 // Memory per instance (free_list.hpp, "Memory"): 100,000 lists, each
-// pushed and popped once by this thread, take at most this thread's slot
-// (32 bytes, and only without rseq) of thread-slot memory each, not the
-// 8 KiB of slots for every thread index each took before. Counted with
-// mincore over every index's copy, before anything reads them.
-TEST(FreeListTest, AHundredThousandListsTakeBytesOfThreadSlotsEach) {
+// pushed and popped once by this thread, kept on one CPU, take:
+//   - of the CPUs' slots, that CPU's one (16 bytes, and only with rseq):
+//     the other CPUs' copies keep no page, where each list kept 64 bytes
+//     for every possible CPU before;
+//   - of the threads' slots, this thread's one (32 bytes, and only without
+//     rseq), not the 8 KiB for every thread index each took before.
+// Counted with mincore over every copy, before anything reads them (a read
+// maps the zero page, which mincore counts). Then a fork() fills none of
+// the other CPUs' copies (it waits for the lockers reading only; the
+// resident anonymous memory of the lists' mappings, which the zero page is
+// not, stays where it was), and the child's lists work.
+TEST(FreeListTest, AHundredThousandListsTakeBytesEachAndForkFillsNoPage) {
+  const stress::affinity_guard restore;
+  ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
   constexpr long kLists = 100000;
   std::unique_ptr<free_list[]> lists(new free_list[kLists]);
   std::unique_ptr<free_list_node[]> nodes(new free_list_node[kLists]);
@@ -195,23 +219,49 @@ TEST(FreeListTest, AHundredThousandListsTakeBytesOfThreadSlotsEach) {
     lists[i].push(&nodes[i]);
     ASSERT_EQ(lists[i].pop(), &nodes[i]) << "list " << i;
   }
-  const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
-  std::set<std::uintptr_t> pages;
-  for (long i = 0; i < kLists; ++i) {
-    if (const void* t = thread_words(lists[i])) {
-      pages.insert(reinterpret_cast<std::uintptr_t>(t) & ~(page - 1));
-    }
-  }
-  const long present = test::present_stride_pages(pages, internal::kThreadSlots);
-  ASSERT_GE(present, 0);
-  const double per_list = static_cast<double>(present * page) / kLists;
+  const long page = sysconf(_SC_PAGESIZE);
+  const long cpu_present =
+      test::present_stride_pages(pages_of(lists.get(), kLists, cpu_words), max_cpus());
+  const long thread_present = test::present_stride_pages(
+      pages_of(lists.get(), kLists, thread_words), internal::kThreadSlots);
+  ASSERT_GE(cpu_present, 0);
+  ASSERT_GE(thread_present, 0);
+  const double per_list_cpus = static_cast<double>(cpu_present * page) / kLists;
+  const double per_list_threads = static_cast<double>(thread_present * page) / kLists;
   std::printf(
-      "%ld lists, each used once by one thread: %.1f bytes of thread slots each (%ld "
-      "pages; this thread %s rseq), plus %zu bytes of the list and %zu per possible CPU\n",
-      kLists, per_list, present, internal::section_area() != nullptr ? "with" : "without",
-      sizeof(free_list), sizeof(internal::cpu_slot));
-  // This thread's slot; the chunks' headers and partly used pages: 8 more.
-  EXPECT_LE(per_list, 32.0 + 8) << "more than one thread's slot per list";
+      "%ld lists, each used once by one thread on one CPU: %.1f bytes of CPU slots and %.1f of "
+      "thread slots each (this thread %s rseq; %d possible CPUs), plus %zu bytes of the list\n",
+      kLists, per_list_cpus, per_list_threads,
+      internal::section_area() != nullptr ? "with" : "without", max_cpus(), sizeof(free_list));
+  // One slot each; the chunks' headers (CPU 0's first page of each chunk)
+  // and partly used pages: 8 more.
+  EXPECT_LE(per_list_cpus, sizeof(internal::cpu_slot_words) + 8.0)
+      << "more than one CPU's slot per list";
+  EXPECT_LE(per_list_threads, 32.0 + 8) << "more than one thread's slot per list";
+
+  // The lists' chunks of per-CPU memory alone: a sanitizer's shadow of the
+  // fork's reads (TSan) is not the lists' memory.
+  const std::set<std::uintptr_t> cpu_pages = pages_of(lists.get(), kLists, cpu_words);
+  const long before = test::anonymous_bytes_of_mappings(cpu_pages);
+  ASSERT_GT(before, 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (long i = 0; i < kLists; i += 97) {
+      lists[i].push(&nodes[i]);
+      if (lists[i].pop() != &nodes[i]) _exit(1);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child's lists failed";
+  const long grown = test::anonymous_bytes_of_mappings(cpu_pages) - before;
+  std::printf("fork(): the lists' per-CPU memory grew by %ld bytes in the parent\n", grown);
+  // A fork that wrote every list's locker on another CPU would fill
+  // kLists * 16 bytes there.
+  EXPECT_LT(grown, kLists * static_cast<long>(sizeof(internal::cpu_slot_words)) / 4)
+      << "fork() filled pages of the CPUs' slots";
 }
 
 // fork() writes nothing to the threads' slots (thread_slots.hpp, "Fork"):
@@ -226,13 +276,7 @@ TEST(FreeListTest, ForkWritesNoThreadSlot) {
     lists[i].push(&nodes[i]);
     ASSERT_EQ(lists[i].pop(), &nodes[i]) << "list " << i;
   }
-  const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
-  std::set<std::uintptr_t> pages;
-  for (long i = 0; i < kLists; ++i) {
-    if (const void* t = thread_words(lists[i])) {
-      pages.insert(reinterpret_cast<std::uintptr_t>(t) & ~(page - 1));
-    }
-  }
+  const std::set<std::uintptr_t> pages = pages_of(lists.get(), kLists, thread_words);
   if (!internal::thread_slots_usable()) {
     // Without membarrier there are no thread slots for a fork to touch.
     EXPECT_TRUE(pages.empty());

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -102,8 +103,6 @@ object_pool::object_pool(const options& opts) {
   batch_ = static_cast<std::intptr_t>(batch);
   checks_ = opts.checks;
 
-  end_.next = &end_;
-  end_.depth = 0;
   depot_flag_ = 0;
   depot_free_ = nullptr;
   depot_count_ = 0;
@@ -113,11 +112,9 @@ object_pool::object_pool(const options& opts) {
   overflow_.head = 0;
   overflow_.consumer = internal::kFlagFree;
   slot_count_ = max_cpus();
-  slots_ = new slot[static_cast<std::size_t>(slot_count_)];
-  for (int i = 0; i < slot_count_; ++i) {
-    slots_[i].head = end();
-    slots_[i].locker = internal::kFlagFree;
-  }
+  // Every copy zero: every CPU's cache empty, its locker free.
+  slots_ = static_cast<slot*>(internal::stride_arena_for(sizeof(slot)).allocate());
+  if (slots_ == nullptr) throw std::bad_alloc();
   thread_slots_ = internal::new_thread_slot_copies();
   register_for_fork();
   // Cheap now if the program has not started threads yet; see cpu_slots.hpp.
@@ -132,7 +129,7 @@ object_pool::~object_pool() {
     c = next;
   }
   internal::delete_thread_slot_copies(thread_slots_);
-  delete[] slots_;
+  internal::stride_arena_for(sizeof(slot)).deallocate(slots_);
 }
 
 // Waits for every flag while holding the ones already taken: safe by rule
@@ -140,7 +137,7 @@ object_pool::~object_pool() {
 // for anything). The depot comes last only to keep it held for the shortest
 // time, so threads that wait for it (holding nothing) are kept waiting least.
 void object_pool::before_fork() noexcept {
-  for (int i = 0; i < slot_count_; ++i) internal::wait_for_locker(&slots_[i]);
+  internal::wait_for_slot_lockers(slots_, slot_count_);
   internal::wait_for_consumer(&overflow_);
   if (thread_slots_ != nullptr) internal::wait_for_thread_slot_lockers(thread_slots_);
   internal::fork_wait_for_flag(&depot_flag_);
@@ -150,7 +147,7 @@ void object_pool::after_fork(bool child) noexcept {
   internal::fork_release_flag(&depot_flag_);
   if (thread_slots_ != nullptr && child) internal::clear_thread_slots_in_child(thread_slots_);
   internal::release_consumer(&overflow_);
-  for (int i = 0; i < slot_count_; ++i) internal::release_locker(&slots_[i]);
+  if (child) internal::slot_lockers_in_child(slots_, slot_count_);
 }
 
 // ---- depot ---------------------------------------------------------------
@@ -258,17 +255,16 @@ void object_pool::depot_give(node* first, node* last, std::intptr_t count) noexc
   depot_unlock();
 }
 
-// Gives a whole list to the depot: first, then ->next up to the node whose
-// next is `end` (end() for a slot's list, 0 for the overflow stack's chain).
+// Gives a whole list to the depot: first, then ->next up to nullptr.
 // Returns how many objects it moved.
-std::size_t object_pool::depot_give_list(node* first, std::intptr_t end) noexcept {
+std::size_t object_pool::depot_give_list(node* first) noexcept {
+  if (first == nullptr) return 0;
   node* last = first;
   std::intptr_t count = 1;
-  while (reinterpret_cast<std::intptr_t>(last->next) != end) {
+  while (last->next != nullptr) {
     last = last->next;
     ++count;
   }
-  last->next = nullptr;
   depot_give(first, last, count);
   return static_cast<std::size_t>(count);
 }
@@ -283,7 +279,7 @@ std::size_t object_pool::carved_objects() const noexcept {
 
 std::size_t object_pool::cached_on(int cpu) const noexcept {
   if (cpu < 0 || cpu >= slot_count_) return 0;
-  const std::intptr_t head = __atomic_load_n(&slots_[cpu].head, __ATOMIC_RELAXED);
+  const std::intptr_t head = __atomic_load_n(&slot_of(cpu)->head, __ATOMIC_RELAXED);
   if (head == internal::kSlotLocked) return 0;
   return static_cast<std::size_t>(depth_of(head));
 }
@@ -292,8 +288,8 @@ std::size_t object_pool::cached_by_threads() const noexcept {
   std::size_t sum = 0;
   for (int i = 0; thread_slots_ != nullptr && i < internal::thread_index_limit(); ++i) {
     const std::intptr_t head =
-        internal::thread_slot_head(internal::thread_slot_at(thread_slots_, i), end());
-    if (head != end()) sum += static_cast<std::size_t>(depth_of(head));
+        internal::thread_slot_head(internal::thread_slot_at(thread_slots_, i));
+    sum += static_cast<std::size_t>(depth_of(head));
   }
   return sum;
 }
@@ -313,17 +309,17 @@ object_pool::own_thread_slot() noexcept {
 }
 
 // Owner operations on the thread's own cache: the same list format as a
-// CPU's cache (depths counted from the bottom, ending at end_). Each returns
+// CPU's cache (depths counted from the bottom, ending in nullptr). Each returns
 // nothing done (nullptr / false) when the cache is empty or full, or when it
 // cannot be entered (revoked, or this is a handler nested in an owner step).
 __attribute__((always_inline)) inline object_pool::node* object_pool::pop_own(
     internal::thread_slot* own) noexcept {
   if (!internal::thread_slot_enter(own)) return nullptr;
-  const std::intptr_t head = internal::thread_slot_head(own, end());
+  const std::intptr_t head = internal::thread_slot_head(own);
   node* n = nullptr;
-  if (head != end()) {
+  if (head != 0) {
     n = reinterpret_cast<node*>(head);
-    internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(n->next), end());
+    internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(n->next));
   }
   internal::thread_slot_leave(own);
   return n;
@@ -332,13 +328,13 @@ __attribute__((always_inline)) inline object_pool::node* object_pool::pop_own(
 __attribute__((always_inline)) inline bool object_pool::push_own(internal::thread_slot* own,
                                                                  node* n) noexcept {
   if (!internal::thread_slot_enter(own)) return false;
-  const std::intptr_t head = internal::thread_slot_head(own, end());
+  const std::intptr_t head = internal::thread_slot_head(own);
   const std::intptr_t depth = depth_of(head);
   const bool fits = depth < capacity_;
   if (fits) {
     n->next = reinterpret_cast<node*>(head);
     n->depth = depth + 1;
-    internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(n), end());
+    internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(n));
   }
   internal::thread_slot_leave(own);
   return fits;
@@ -347,14 +343,14 @@ __attribute__((always_inline)) inline bool object_pool::push_own(internal::threa
 bool object_pool::push_chain_own(internal::thread_slot* own, node* first, node* last,
                                  std::intptr_t count) noexcept {
   if (!internal::thread_slot_enter(own)) return false;
-  const std::intptr_t head = internal::thread_slot_head(own, end());
+  const std::intptr_t head = internal::thread_slot_head(own);
   const std::intptr_t below = depth_of(head);
   const bool fits = below + count <= capacity_;
   if (fits) {
     std::intptr_t depth = below + count;
     for (node* x = first; depth > below; x = x->next) x->depth = depth--;
     last->next = reinterpret_cast<node*>(head);
-    internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(first), end());
+    internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(first));
   }
   internal::thread_slot_leave(own);
   return fits;
@@ -372,7 +368,7 @@ bool object_pool::push_chain_home(node* first, node* last, std::intptr_t count) 
     for (int tries = 0; tries < internal::kSectionTries; ++tries) {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
       if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) return false;
-      std::intptr_t* head = &slots_[cpu].head;
+      std::intptr_t* head = &slot_of(cpu)->head;
       const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
       if (expect == internal::kSlotLocked) return false;
       const std::intptr_t depth = depth_of(expect);
@@ -381,8 +377,8 @@ bool object_pool::push_chain_home(node* first, node* last, std::intptr_t count) 
       set_depths(depth);
       last->next = reinterpret_cast<node*>(expect);
       if (internal::rseq_cmpeqv_cmpeqv_storev<index_kind::cpu_id>(
-              area, head, expect, &reinterpret_cast<node*>(expect)->depth, depth,
-              reinterpret_cast<std::intptr_t>(first), cpu) == 0) {
+              area, head, expect, depth_word(expect), depth, reinterpret_cast<std::intptr_t>(first),
+              cpu) == 0) {
         return true;
       }
     }
@@ -394,33 +390,33 @@ bool object_pool::push_chain_home(node* first, node* last, std::intptr_t count) 
   }
   const int cpu = internal::cpu_hint() % slot_count_;
   std::intptr_t head = 0;
-  if (internal::lock_slot(&slots_[cpu], cpu, &head) != internal::lock_result::acquired) {
+  if (internal::lock_slot(slot_of(cpu), cpu, &head) != internal::lock_result::acquired) {
     return false;
   }
   const std::intptr_t depth = depth_of(head);
   if (depth + count > capacity_) {
-    internal::unlock_slot(&slots_[cpu], head);
+    internal::unlock_slot(slot_of(cpu), head);
     return false;
   }
   last->next = nullptr;
   set_depths(depth);
   last->next = reinterpret_cast<node*>(head);
-  internal::unlock_slot(&slots_[cpu], reinterpret_cast<std::intptr_t>(first));
+  internal::unlock_slot(slot_of(cpu), reinterpret_cast<std::intptr_t>(first));
   return true;
 }
 
 object_pool::node* object_pool::pop_home_locked(int cpu) noexcept {
   for (int tries = 0; tries < kLockTries; ++tries) {
     std::intptr_t head = 0;
-    const internal::lock_result r = internal::lock_slot(&slots_[cpu], cpu, &head);
+    const internal::lock_result r = internal::lock_slot(slot_of(cpu), cpu, &head);
     if (r == internal::lock_result::refused) return nullptr;
     if (r == internal::lock_result::busy) continue;
-    if (head == end()) {
-      internal::unlock_slot(&slots_[cpu], head);
+    if (head == 0) {
+      internal::unlock_slot(slot_of(cpu), head);
       return nullptr;
     }
     node* n = reinterpret_cast<node*>(head);
-    internal::unlock_slot(&slots_[cpu], reinterpret_cast<std::intptr_t>(n->next));
+    internal::unlock_slot(slot_of(cpu), reinterpret_cast<std::intptr_t>(n->next));
     return n;
   }
   return nullptr;
@@ -432,7 +428,7 @@ object_pool::node* object_pool::pop_home_locked(int cpu) noexcept {
 bool object_pool::push_home_locked(int cpu, node* n) noexcept {
   for (int tries = 0; tries < kLockTries; ++tries) {
     std::intptr_t head = 0;
-    const internal::lock_result r = internal::lock_slot(&slots_[cpu], cpu, &head);
+    const internal::lock_result r = internal::lock_slot(slot_of(cpu), cpu, &head);
     if (r == internal::lock_result::refused) return false;
     if (r == internal::lock_result::busy) continue;
     node* spill_first = nullptr;
@@ -447,7 +443,7 @@ bool object_pool::push_home_locked(int cpu, node* n) noexcept {
     }
     n->next = reinterpret_cast<node*>(head);
     n->depth = depth_of(head) + 1;
-    internal::unlock_slot(&slots_[cpu], reinterpret_cast<std::intptr_t>(n));
+    internal::unlock_slot(slot_of(cpu), reinterpret_cast<std::intptr_t>(n));
     if (spill_first != nullptr) depot_give(spill_first, spill_last, spilled);
     return true;
   }
@@ -514,14 +510,13 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
       if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
       std::intptr_t popped = 0;
-      const int rc = internal::rseq_cmpnev_storeoffp_load<index_kind::cpu_id>(
-          area, &slots_[cpu].head, internal::kSlotLocked, offsetof(node, next), &popped, cpu);
-      if (rc == 1) break;
+      const int rc = internal::rseq_cmpabovev_storeoffp_load<index_kind::cpu_id>(
+          area, &slot_of(cpu)->head, internal::kSlotLocked, offsetof(node, next), &popped, cpu);
+      if (rc == 1) break;  // empty, or locked
       if (rc < 0) {
         ++failures;
         continue;
       }
-      if (popped == end()) break;
       node* x = reinterpret_cast<node*>(popped);
       x->next = first;
       first = x;
@@ -537,8 +532,8 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
       node* first = nullptr;
       node* last = nullptr;
       std::intptr_t count = 0;
-      std::intptr_t head = internal::thread_slot_head(own, end());
-      while (count < batch_ && head != end()) {
+      std::intptr_t head = internal::thread_slot_head(own);
+      while (count < batch_ && head != 0) {
         node* x = reinterpret_cast<node*>(head);
         head = reinterpret_cast<std::intptr_t>(x->next);
         x->next = nullptr;
@@ -549,7 +544,7 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
         last = x;
         ++count;
       }
-      internal::set_thread_slot_head(own, head, end());
+      internal::set_thread_slot_head(own, head);
       internal::thread_slot_leave(own);
       if (count > 0) depot_give(first, last, count);
       if (push_own(own, n)) return;
@@ -563,22 +558,25 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
 std::size_t object_pool::trim() noexcept {
   std::size_t moved = 0;
   for (int cpu = 0; cpu < slot_count_; ++cpu) {
+    // Peek first: an empty cache is not worth a lock, and a CPU that never
+    // touched the pool keeps its page unfilled.
+    if (__atomic_load_n(&slot_of(cpu)->head, __ATOMIC_RELAXED) == 0) continue;
     for (int tries = 0; tries < kTrimTries; ++tries) {
       std::intptr_t head = 0;
-      const internal::lock_result r = internal::lock_slot(&slots_[cpu], cpu, &head);
+      const internal::lock_result r = internal::lock_slot(slot_of(cpu), cpu, &head);
       if (r == internal::lock_result::refused) break;
       if (r == internal::lock_result::busy) {
         sched_yield();
         continue;
       }
-      internal::unlock_slot(&slots_[cpu], end());
-      if (head != end()) moved += depot_give_list(reinterpret_cast<node*>(head), end());
+      internal::unlock_slot(slot_of(cpu), 0);
+      moved += depot_give_list(reinterpret_cast<node*>(head));
       break;
     }
   }
   for (int i = 0; thread_slots_ != nullptr && i < internal::thread_index_limit(); ++i) {
     internal::thread_slot* ts = internal::thread_slot_at(thread_slots_, i);
-    if (internal::thread_slot_head(ts, end()) == end()) continue;
+    if (internal::thread_slot_head(ts) == 0) continue;
     for (int tries = 0; tries < kTrimTries; ++tries) {
       const internal::lock_result r = internal::lock_thread_slot(ts);
       if (r == internal::lock_result::refused) break;
@@ -586,15 +584,15 @@ std::size_t object_pool::trim() noexcept {
         sched_yield();
         continue;
       }
-      const std::intptr_t head = internal::thread_slot_head(ts, end());
-      internal::set_thread_slot_head(ts, end(), end());
+      const std::intptr_t head = internal::thread_slot_head(ts);
+      internal::set_thread_slot_head(ts, 0);
       internal::unlock_thread_slot(ts);
-      if (head != end()) moved += depot_give_list(reinterpret_cast<node*>(head), end());
+      moved += depot_give_list(reinterpret_cast<node*>(head));
       break;
     }
   }
   if (internal::side_node* chain = internal::side_take_all(&overflow_)) {
-    moved += depot_give_list(reinterpret_cast<node*>(chain), 0);
+    moved += depot_give_list(reinterpret_cast<node*>(chain));
   }
   return moved;
 }

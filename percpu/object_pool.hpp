@@ -37,7 +37,8 @@
 // Errors and misuse
 //   The constructor throws std::invalid_argument for a zero or oversized
 //   object size, an alignment that is not a power of two or too large, or a
-//   cache capacity too large for the caches' depth arithmetic. A zero cache
+//   cache capacity too large for the caches' depth arithmetic, and
+//   std::bad_alloc when no memory can be mapped for its per-CPU heads. A zero cache
 //   capacity or batch picks a default (see options); a batch above the
 //   capacity is lowered to it. allocate() returns nullptr when memory is
 //   exhausted.
@@ -49,15 +50,17 @@
 //   deallocate(nullptr) does nothing.
 //
 // Memory
-//   The pool itself (256 bytes) and its per-CPU caches' heads (64 bytes per
-//   possible CPU), plus 32 bytes for each thread without rseq that used it
-//   (its cache's head, on percpu's memory laid out by thread index,
-//   internal/thread_slots.hpp: a thread that never touches a pool costs it
-//   nothing), plus the objects: 256 KiB chunks, reserved, whose pages fill
-//   as objects are carved, the first with the chunk's header and bitmap.
-//   300 pools of 64-byte objects, each used once, take about 8,700 bytes
-//   each (percpu-bench --structures, the memory table), nearly all of it
-//   the first two pages of each pool's chunk.
+//   The pool itself (256 bytes), plus 16 bytes for each CPU whose threads
+//   used it with rseq (that CPU's cache's head, on percpu's per-CPU memory,
+//   internal/stride_arena.hpp: a CPU that never touches a pool costs it
+//   nothing, so a possible list of 0-4095 costs what 0-1 does), plus 32
+//   bytes for each thread without rseq that used it (its cache's head, on
+//   percpu's memory laid out by thread index, internal/thread_slots.hpp),
+//   plus the objects: 256 KiB chunks, reserved, whose pages fill as objects
+//   are carved, the first with the chunk's header and bitmap. 300 pools of
+//   64-byte objects, each used once, take about 8,700 bytes each
+//   (percpu-bench --structures, the memory table), nearly all of it the
+//   first two pages of each pool's chunk.
 //
 // Thread safety and signals
 //   allocate, deallocate and trim are thread-safe. deallocate is
@@ -169,18 +172,31 @@ class object_pool final : private internal::fork_participant {
     std::intptr_t depth;
   };
   struct chunk;
-  using slot = internal::cpu_slot;
+  using slot = internal::cpu_slot_words;
+  // CPU `cpu`'s slot: its copy of slots_ on the per-CPU memory.
+  slot* slot_of(int cpu) const noexcept {
+    return internal::stride_copy(slots_, static_cast<unsigned>(cpu));
+  }
 
-  std::intptr_t end() const noexcept { return reinterpret_cast<std::intptr_t>(&end_); }
+  // The depth of an empty cache. Caches end in nullptr (so that a zeroed head
+  // is an empty cache), and the word a push compares for the depth below it
+  // is this one when there is no node below: one section for both cases.
+  static constexpr std::intptr_t kEmptyDepth = 0;
+  // Where the depth of the cache whose top is `head` (a node, or 0) is kept.
+  // Only ever read, by depth_of() and by the push section's compare.
+  static std::intptr_t* depth_word(std::intptr_t head) noexcept {
+    return head != 0 ? &reinterpret_cast<node*>(head)->depth
+                     : const_cast<std::intptr_t*>(&kEmptyDepth);
+  }
 #if defined(PERCPU_TSAN)
   // The read is speculative (the head may have been allocated meanwhile, and
   // the section then fails): under TSan a plain load it does not see.
   PERCPU_TSAN_UNSEEN static std::intptr_t depth_of(std::intptr_t head) noexcept {
-    return *reinterpret_cast<volatile std::intptr_t*>(&reinterpret_cast<node*>(head)->depth);
+    return *reinterpret_cast<volatile std::intptr_t*>(depth_word(head));
   }
 #else
   static std::intptr_t depth_of(std::intptr_t head) noexcept {
-    return __atomic_load_n(&reinterpret_cast<node*>(head)->depth, __ATOMIC_RELAXED);
+    return __atomic_load_n(depth_word(head), __ATOMIC_RELAXED);
   }
 #endif
   // has_sections: what the inline path's section_area() answered, so the
@@ -201,7 +217,7 @@ class object_pool final : private internal::fork_participant {
   PERCPU_LOCAL void depot_unlock() noexcept;
   PERCPU_LOCAL node* depot_take(std::intptr_t want, node** last, std::intptr_t* got) noexcept;
   PERCPU_LOCAL void depot_give(node* first, node* last, std::intptr_t count) noexcept;
-  PERCPU_LOCAL std::size_t depot_give_list(node* first, std::intptr_t end) noexcept;
+  PERCPU_LOCAL std::size_t depot_give_list(node* first) noexcept;
   PERCPU_LOCAL void drain_overflow_locked() noexcept;
   PERCPU_LOCAL bool carve_chunk_locked() noexcept;
   void check_allocate(void* p) noexcept;
@@ -210,13 +226,14 @@ class object_pool final : private internal::fork_participant {
   void after_fork(bool child) noexcept override;
 
   // Read-mostly, shared by every CPU.
+  // CPU 0's slot on the per-CPU memory (internal/stride_arena.hpp); CPU c's
+  // is slot_of(c). All zero when made: every list empty, no locker.
   slot* slots_;
   int slot_count_;
   // The caches of threads without rseq, one per thread index on the
-  // thread-index memory (internal::thread_slot_at; heads stored through
-  // internal::thread_slot_head, so a zeroed slot is empty), or nullptr
-  // where thread slots are not usable (internal::thread_slots_usable()) or
-  // no memory could be mapped.
+  // thread-index memory (internal::thread_slot_at; a zeroed slot is an empty
+  // cache), or nullptr where thread slots are not usable
+  // (internal::thread_slots_usable()) or no memory could be mapped.
   internal::thread_slot* thread_slots_;
   std::intptr_t capacity_;
   std::intptr_t batch_;
@@ -224,9 +241,6 @@ class object_pool final : private internal::fork_participant {
   std::size_t object_size_;
   std::size_t alignment_;
   std::size_t stride_;
-  // Every cache ends here; its next is itself and its depth 0 (see
-  // free_list.hpp for why the terminator is not nullptr).
-  node end_;
 
   // The depot, behind depot_flag_ (a flag of percpu/internal/cpu_slots.hpp).
   alignas(64) int depot_flag_;
@@ -249,8 +263,7 @@ inline void* object_pool::allocate() noexcept {
   std::intptr_t popped = 0;
   if (__builtin_expect(area != nullptr, 1) &&
       __builtin_expect(
-          internal::pop_local_head(area, slots_, slot_count_, offsetof(node, next), &popped), 1) &&
-      __builtin_expect(popped != end(), 1)) {
+          internal::pop_local_head(area, slots_, slot_count_, offsetof(node, next), &popped), 1)) {
     void* p = reinterpret_cast<void*>(popped);
     PERCPU_TSAN_ACQUIRE(p);
     if (__builtin_expect(checks_, 0)) check_allocate(p);
@@ -271,7 +284,7 @@ inline void object_pool::deallocate(void* p) noexcept {
     for (int tries = 0; tries < internal::kSectionTries; ++tries) {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
       if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
-      std::intptr_t* head = &slots_[cpu].head;
+      std::intptr_t* head = &slot_of(cpu)->head;
       const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
       if (expect == internal::kSlotLocked) break;
       // Read outside the section, so it may be stale; the section re-checks
@@ -282,8 +295,8 @@ inline void object_pool::deallocate(void* p) noexcept {
       n->depth = depth + 1;
       PERCPU_TSAN_RELEASE(n);
       if (internal::rseq_cmpeqv_cmpeqv_storev<index_kind::cpu_id>(
-              area, head, expect, &reinterpret_cast<node*>(expect)->depth, depth,
-              reinterpret_cast<std::intptr_t>(n), cpu) == 0) {
+              area, head, expect, depth_word(expect), depth, reinterpret_cast<std::intptr_t>(n),
+              cpu) == 0) {
         return;
       }
     }

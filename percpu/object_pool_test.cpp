@@ -113,21 +113,31 @@ void expect_all_home(object_pool& pool) {
 }
 
 // Where a pool's thread caches are (thread index 0's copy; nullptr where
-// thread slots are not usable), read without a seam in the library (see
-// free_list_test.cpp).
+// thread slots are not usable) and its CPUs' caches' heads (CPU 0's copy),
+// read without a seam in the library (see free_list_test.cpp).
 const void* thread_words(const object_pool& p);
 template <auto Threads>
 struct expose_pool_words {
   friend const void* thread_words(const object_pool& p) { return p.*Threads; }
 };
 template struct expose_pool_words<&object_pool::thread_slots_>;
+const void* cpu_words(const object_pool& p);
+template <auto Cpus>
+struct expose_pool_cpu_words {
+  friend const void* cpu_words(const object_pool& p) { return p.*Cpus; }
+};
+template struct expose_pool_cpu_words<&object_pool::slots_>;
 
 // Memory per instance (object_pool.hpp, "Memory"): 1,000 pools, each used
-// once by this thread, take at most this thread's slot (32 bytes, and only
-// without rseq) of thread-slot memory each, not the 8 KiB of slots for
-// every thread index each took before. Counted with mincore over every
-// index's copy, before anything reads them.
-TEST(ObjectPoolTest, AThousandPoolsTakeBytesOfThreadSlotsEach) {
+// once by this thread, kept on one CPU, take that CPU's head (16 bytes,
+// and only with rseq) of per-CPU memory, where each took 64 bytes for
+// every possible CPU before, and at most this thread's slot (32 bytes, and
+// only without rseq) of thread-slot memory each, not the 8 KiB of slots
+// for every thread index each took before. Counted with mincore over every
+// copy, before anything reads them.
+TEST(ObjectPoolTest, AThousandPoolsTakeBytesOfCpuAndThreadSlotsEach) {
+  const stress::affinity_guard restore;
+  ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
   constexpr long kPools = 1000;
   std::vector<std::unique_ptr<object_pool>> pools;
   for (long i = 0; i < kPools; ++i) {
@@ -136,24 +146,30 @@ TEST(ObjectPoolTest, AThousandPoolsTakeBytesOfThreadSlotsEach) {
     ASSERT_NE(p, nullptr);
     pools.back()->deallocate(p);
   }
-  const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
-  std::set<std::uintptr_t> pages;
+  std::vector<const void*> cpus, threads;
   for (const auto& pool : pools) {
-    if (const void* t = thread_words(*pool)) {
-      pages.insert(reinterpret_cast<std::uintptr_t>(t) & ~(page - 1));
-    }
+    cpus.push_back(cpu_words(*pool));
+    threads.push_back(thread_words(*pool));
   }
-  const long present = test::present_stride_pages(pages, internal::kThreadSlots);
-  ASSERT_GE(present, 0);
-  const double per_pool = static_cast<double>(present * page) / kPools;
+  const long cpu_present = test::present_stride_pages(test::pages_holding(cpus), max_cpus());
+  const long thread_present =
+      test::present_stride_pages(test::pages_holding(threads), internal::kThreadSlots);
+  ASSERT_GE(cpu_present, 0);
+  ASSERT_GE(thread_present, 0);
+  const long page = sysconf(_SC_PAGESIZE);
+  const double per_pool_cpus = static_cast<double>(cpu_present * page) / kPools;
+  const double per_pool_threads = static_cast<double>(thread_present * page) / kPools;
   std::printf(
-      "%ld pools, each used once by one thread: %.1f bytes of thread slots each (%ld "
-      "pages), plus %zu bytes of the pool\n",
-      kPools, per_pool, present, sizeof(object_pool));
-  // This thread's slot; the first and last pages of the run, which other
-  // structures' slots share: 2 pages over 1,000 pools.
-  EXPECT_LE(per_pool, 32.0 + 2.0 * static_cast<double>(page) / kPools)
-      << "more than one thread's slot per pool";
+      "%ld pools, each used once by one thread on one CPU: %.1f bytes of CPU heads and %.1f of "
+      "thread slots each (%d possible CPUs), plus %zu bytes of the pool\n",
+      kPools, per_pool_cpus, per_pool_threads, max_cpus(), sizeof(object_pool));
+  // One slot each; the first and last pages of the run, which other
+  // structures' slots share, and each chunk's header page (CPU 0's): 3
+  // pages over 1,000 pools.
+  const double slack = 3.0 * static_cast<double>(page) / kPools;
+  EXPECT_LE(per_pool_cpus, sizeof(internal::cpu_slot_words) + slack)
+      << "more than one CPU's head per pool";
+  EXPECT_LE(per_pool_threads, 32.0 + slack) << "more than one thread's slot per pool";
 }
 
 TEST(ObjectPoolTest, BadArgumentsThrowWithAClearMessage) {

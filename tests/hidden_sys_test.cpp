@@ -156,6 +156,38 @@ TEST(HiddenSys, AListThatMissesCpusLeavesIdsInRangeWhenTheMaskWidens) {
   EXPECT_EQ(status, 0) << out;
 }
 
+// Memory per instance with thousands of possible CPUs (free_list.hpp and
+// object_pool.hpp, "Memory"): the per-CPU heads are on the per-CPU memory,
+// so a list or a pool used on one CPU costs the same whether the possible
+// list says 2 CPUs or 4,096, within 2x (the bound; it was 64 bytes
+// for every possible CPU, 256 KiB each at 4,096).
+void possible_two() {
+  bind_possible_list("/tmp/percpu-possible-list-2", "0-1\n");
+  setenv("PERCPU_PROBE_STRUCTURES", "3000", 1);
+}
+void possible_4096() {
+  bind_possible_list("/tmp/percpu-possible-list-4096", "0-4095\n");
+  setenv("PERCPU_PROBE_STRUCTURES", "3000", 1);
+}
+
+TEST(HiddenSys, ListsAndPoolsCostAsMuchWithFourThousandPossibleCpusAsWithTwo) {
+  ASSERT_FALSE(probe_path().empty()) << "no max_cpus_probe argument (see tests/CMakeLists.txt)";
+  int status = 0;
+  const std::string two = run_probe(possible_two, &status);
+  skip_if_no_namespace(status);
+  if (IsSkipped()) return;
+  const std::string many = run_probe(possible_4096, &status);
+  std::printf("possible 0-1: %spossible 0-4095: %s", two.c_str(), many.c_str());
+  ASSERT_EQ(field(two, "max_cpus"), 2) << two;
+  ASSERT_EQ(field(many, "max_cpus"), 4096) << many;
+  for (const char* name : {"list_bytes", "pool_bytes"}) {
+    const int small = field(two, name), large = field(many, name);
+    ASSERT_GT(small, 0) << name << ": " << two;
+    ASSERT_GT(large, 0) << name << ": " << many;
+    EXPECT_LE(large, 2 * small) << name << " with 4,096 possible CPUs against 2";
+  }
+}
+
 // The kernel's own list is a proof: the inline id paths read the kernel's ids
 // unbounded (fast_path_offsets in cpu.hpp).
 TEST(HiddenSys, TheKernelsPossibleListBoundsEveryId) {

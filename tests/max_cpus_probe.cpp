@@ -7,14 +7,61 @@
 // kernel's ids unbounded). Exit status 0 when the ids were in range.
 // PERCPU_PROBE_WIDEN=1 asks on every CPU the process may use, not only on
 // those of the mask it started with.
+// PERCPU_PROBE_STRUCTURES=N then also prints list_bytes=L pool_bytes=P: the
+// resident anonymous memory that N free_lists, and then N object_pools of
+// 64-byte objects, each used once by this thread on one CPU, added per
+// instance (for the memory a possible list of thousands of CPUs costs).
 #include <sched.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <vector>
 
 #include "percpu/counter.hpp"
 #include "percpu/cpu.hpp"
+#include "percpu/free_list.hpp"
 #include "percpu/internal/sysfs.hpp"
+#include "percpu/object_pool.hpp"
+#include "tests/support/pages.hpp"
+
+namespace {
+
+// Resident anonymous bytes per instance that making `n` of T and using each
+// once (use(T&)) adds.
+template <class T, class Make, class Use>
+long bytes_each(long n, Make make, Use use) {
+  std::vector<std::unique_ptr<T>> made;
+  made.reserve(static_cast<std::size_t>(n));
+  const long before = percpu::test::resident_bytes();
+  for (long i = 0; i < n; ++i) {
+    made.push_back(make());
+    use(*made.back());
+  }
+  const long after = percpu::test::resident_bytes();
+  return before < 0 || after < 0 ? -1 : (after - before) / n;
+}
+
+void print_structure_bytes(long n) {
+  // One CPU, the one start-up ran on: the others' copies must stay unfilled.
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  sched_setaffinity(0, sizeof(one), &one);
+  percpu::free_list_node node;
+  const long list = bytes_each<percpu::free_list>(
+      n, [] { return std::make_unique<percpu::free_list>(); },
+      [&](percpu::free_list& l) {
+        l.push(&node);
+        if (l.pop() != &node) std::abort();
+      });
+  const long pool = bytes_each<percpu::object_pool>(
+      n, [] { return std::make_unique<percpu::object_pool>(64); },
+      [](percpu::object_pool& p) { p.deallocate(p.allocate()); });
+  std::printf(" list_bytes=%ld pool_bytes=%ld", list, pool);
+}
+
+}  // namespace
 
 int main() {
   const int max = percpu::max_cpus();
@@ -48,8 +95,12 @@ int main() {
     }
   }
   const bool exact = adds.load() == added;
-  std::printf("max_cpus=%d cpumask_bits=%d ids_in_range=%d bounds_every_id=%d adds_exact=%d\n",
-              max, percpu::internal::kernel_cpumask_bits(), in_range ? 1 : 0,
+  std::printf("max_cpus=%d cpumask_bits=%d ids_in_range=%d bounds_every_id=%d adds_exact=%d", max,
+              percpu::internal::kernel_cpumask_bits(), in_range ? 1 : 0,
               percpu::internal::max_cpus_bounds_every_id() ? 1 : 0, exact ? 1 : 0);
+  if (const char* n = std::getenv("PERCPU_PROBE_STRUCTURES"); n != nullptr && std::atol(n) > 0) {
+    print_structure_bytes(std::atol(n));
+  }
+  std::printf("\n");
   return in_range && exact ? 0 : 1;
 }

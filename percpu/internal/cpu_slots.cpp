@@ -349,6 +349,68 @@ void fork_wait_for_flag(int* flag) noexcept {
   report_abandoned("a lock of a percpu structure, at fork(),", verdict);
 }
 
+namespace {
+
+// Waits, reading only, until `flag` is free or held by the calling thread
+// (its own frames: a handler that interrupted a locker called fork). False
+// when its holder will never release it.
+bool wait_until_free(const int* flag, holder_verdict* verdict) noexcept {
+  int watched = kFlagFree;
+  long watched_since = 0;
+  const int self = current_tid();
+  for (int spins = 0;; ++spins) {
+    const int holder = __atomic_load_n(flag, __ATOMIC_SEQ_CST);
+    if (holder == kFlagFree || holder == self) return true;
+    if (holder == kFlagAbandoned) {
+      *verdict = holder_verdict::gone;
+      return false;
+    }
+    if (!back_off(spins)) continue;
+    const holder_verdict v = judge_holder(holder, &watched, &watched_since);
+    // A holder that released the flag and then exited, after the read of
+    // `holder` above, is not an abandoned one: look again.
+    if (v == holder_verdict::gone && __atomic_load_n(flag, __ATOMIC_SEQ_CST) != holder) continue;
+    if (v != holder_verdict::running) {
+      *verdict = v;
+      return false;
+    }
+  }
+}
+
+}  // namespace
+
+void fork_wait_until_free(const int* flag, const char* what) noexcept {
+  holder_verdict verdict = holder_verdict::running;
+  // The forking thread's own frames: the same state in the child, whose
+  // one thread that is (as in fork_wait_for_flag). Anything else that
+  // never ends stays as its holder left it, in both processes.
+  if (!wait_until_free(flag, &verdict) && verdict != holder_verdict::self) {
+    report_abandoned(what, verdict);
+  }
+}
+
+void wait_for_slot_lockers(const cpu_slot_words* slots, int count) noexcept {
+  for (int cpu = 0; cpu < count; ++cpu) {
+    fork_wait_until_free(&stride_copy(slots, static_cast<unsigned>(cpu))->locker,
+                         "a lock of a percpu structure, at fork(),");
+  }
+}
+
+void slot_lockers_in_child(cpu_slot_words* slots, int count) noexcept {
+  for (int cpu = 0; cpu < count; ++cpu) {
+    cpu_slot_words* slot = stride_copy(slots, static_cast<unsigned>(cpu));
+    if (__atomic_load_n(&slot->head, __ATOMIC_RELAXED) == kSlotLocked) {
+      // A locker was cut off holding the list (its holder never came back,
+      // reported by the wait): it stays locked, as in the parent.
+      fork_release_flag(&slot->locker);
+    } else {
+      // Held by a thread that the child does not have (one that took the
+      // flag as the fork began and was letting go untouched): free.
+      clear_flag_in_child(&slot->locker);
+    }
+  }
+}
+
 void fork_release_flag(int* flag) noexcept {
   const int value = __atomic_load_n(flag, __ATOMIC_RELAXED);
   if (value == kFlagForked) {
@@ -375,6 +437,11 @@ void end_fork_flags() noexcept {
 }
 
 bool fork_holds_flags() noexcept {
+  // The caller has just taken a flag with an acquire exchange, which on
+  // some architectures (aarch64) does not order its store before a later
+  // load: the fence does, so that either this load sees the hold or the
+  // fork handler's read of the flag sees it taken.
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
   return __atomic_load_n(&g_fork_pending, __ATOMIC_SEQ_CST) != 0 && t_forking == 0 &&
          t_fork_exempt == 0;
 }
@@ -480,6 +547,12 @@ lock_result lock_slot(cpu_slot_words* slot, int cpu, std::intptr_t* value) noexc
   // that appear after this check are caught after the exchange below.
   if (section_users_possible() && !fence_available()) return lock_result::refused;
   if (!try_take(&slot->locker)) return lock_result::busy;
+  // A fork handler that began meanwhile may have read the flag free before
+  // the exchange: leave before touching the head (wait_for_slot_lockers).
+  if (fork_holds_flags()) {
+    release(&slot->locker);
+    return lock_result::busy;
+  }
   for (int round = 0; round < kFenceRounds; ++round) {
     const std::intptr_t taken = __atomic_exchange_n(&slot->head, kSlotLocked, __ATOMIC_SEQ_CST);
     if (!section_users_possible()) {
@@ -511,10 +584,6 @@ void unlock_slot(cpu_slot_words* slot, std::intptr_t value) noexcept {
   __atomic_store_n(&slot->head, value, __ATOMIC_RELEASE);
   release(&slot->locker);
 }
-
-void wait_for_locker(cpu_slot* slot) noexcept { fork_wait_for_flag(&slot->locker); }
-
-void release_locker(cpu_slot* slot) noexcept { fork_release_flag(&slot->locker); }
 
 }  // namespace internal
 }  // namespace percpu

@@ -35,9 +35,9 @@
 //      truth (it was computed from the very value we took, which we did not
 //      modify), so go back to step 2. A bounded number of rounds, then busy.
 //   6. While locked, owner sections see kSlotLocked: their compare fails (a
-//      push expects the head it read, a pop refuses kSlotLocked as its
-//      "expectnot"), and they take their slow path. They never wait for the
-//      lock.
+//      push expects the head it read, a pop refuses every head up to
+//      kSlotLocked: the empty list and the marker), and they take their slow
+//      path. They never wait for the lock.
 //   7. unlock_slot stores the new head with release order, then frees the
 //      flag. Owners read the head and then the node it points to, an address
 //      dependency, so they see the nodes the locker wrote.
@@ -82,10 +82,12 @@
 //   waits only for threads that do not wait. A signal handler on the forking
 //   thread that interrupted a holder and calls fork() would wait for its own
 //   thread: the fork handler skips the flags that thread holds (see below).
-//   Thread slots' lockers it waits for without taking them, so that a fork
-//   writes none of them (thread_slots.hpp, "Fork"): a locker that took one
-//   after the handler read it free finds the hold (fork_holds_flags) and
-//   lets go before it touches the slot.
+//   The lockers of CPU slots and of thread slots, which live on per-CPU and
+//   per-thread-index memory, it waits for without taking them, so that a
+//   fork writes none of them and fills no page of a CPU or thread that
+//   never touched the structure (fork_wait_until_free; thread_slots.hpp,
+//   "Fork"): a locker that took one after the handler read it free finds
+//   the hold (fork_holds_flags) and lets go before it touches the slot.
 //   ref::kill() holds its kill flag, which the fork handler waits for, while
 //   it takes the slots' lockers; it exempts itself from the refusal above
 //   (exempt_from_fork_pending), so it finishes and the fork goes on.
@@ -127,7 +129,9 @@ namespace percpu {
 namespace internal {
 
 // The value a locker leaves in a head. Odd, so never a node address (nodes
-// are at least pointer-aligned).
+// are at least pointer-aligned). Every list ends in 0 (nullptr), so a
+// zeroed head is an empty list, and the pop section refuses both values
+// with one unsigned compare against kSlotLocked.
 constexpr std::intptr_t kSlotLocked = 1;
 
 // A flag's values (see "Flags, waiting, and why nothing deadlocks"): free,
@@ -147,15 +151,15 @@ constexpr int kFlagAbandoned = -2;
 // makes (a bounded batch move, membarrier, mmap), even preempted.
 constexpr long kAbandonedHolderNs = 10L * 1000 * 1000 * 1000;
 
-// One CPU's slot: the head owner sections update and the locker flag.
-// cpu_slot_words are the words alone, for structures whose per-CPU memory
-// already keeps two CPUs' copies apart (internal/stride_arena.hpp: ref);
-// cpu_slot gives them a cache line of their own, for arrays indexed by CPU.
+// One CPU's slot: the head owner sections update and the locker flag. The
+// structures keep one per CPU on the per-CPU memory
+// (internal/stride_arena.hpp), which keeps two CPUs' copies apart; all zero
+// is an empty list with its locker free, so a CPU that never touches a
+// structure costs it nothing.
 struct cpu_slot_words {
   std::intptr_t head;  // plain stores by owner sections; atomics by lockers
   int locker;          // a flag
 };
-struct alignas(64) cpu_slot : cpu_slot_words {};
 
 enum class lock_result {
   acquired,  // the caller owns the list and must call unlock_slot
@@ -164,7 +168,9 @@ enum class lock_result {
 };
 
 // Locks `slot`, the slot of CPU `cpu`, for a thread that is not its owner
-// section. On acquired, *value is the list's head.
+// section. On acquired, *value is the list's head. Busy while a fork
+// handler runs on another thread (it waits for lockers without taking
+// their flags: wait_for_slot_lockers).
 [[nodiscard]] lock_result lock_slot(cpu_slot_words* slot, int cpu, std::intptr_t* value) noexcept;
 // Publishes `value` as the new head and releases the slot.
 void unlock_slot(cpu_slot_words* slot, std::intptr_t value) noexcept;
@@ -314,8 +320,22 @@ void set_abandoned_holder_limit_for_testing(long ns) noexcept;
 // forking thread's own frames hold its new id.
 void fork_wait_for_flag(int* flag) noexcept;
 void fork_release_flag(int* flag) noexcept;
-void wait_for_locker(cpu_slot* slot) noexcept;
-void release_locker(cpu_slot* slot) noexcept;
+// The fork handler's wait that writes nothing, for flags on per-CPU or
+// per-thread-index memory, where taking every flag would fill the pages of
+// every CPU or index: waits until `flag` is free or held by the forking
+// thread's own frames. Sound because every taker checks fork_holds_flags()
+// again after taking one and lets go before it touches anything (a taker
+// the handler saw free leaves); a holder that will never release it is
+// reported, naming `what`.
+void fork_wait_until_free(const int* flag, const char* what) noexcept;
+// Both halves for the per-CPU slots of a structure (CPU 0's copy `slots`,
+// `count` CPUs): the wait above for every locker; and in the child, the
+// lockers the forking thread's own frames hold get its new id, and those
+// of threads the child does not have are freed unless their slot is locked
+// (a holder the wait gave up on: it stays held). Neither writes a slot
+// that does not change.
+void wait_for_slot_lockers(const cpu_slot_words* slots, int count) noexcept;
+void slot_lockers_in_child(cpu_slot_words* slots, int count) noexcept;
 
 // The fork registry's hold on every flag (R3): between begin and end, other
 // threads' attempts to take a flag fail, so the fork handler waits only for
@@ -341,22 +361,23 @@ void clear_flag_in_child(int* flag) noexcept;
 // free_list's lists and the object_pool's caches): pop the calling CPU's head,
 // and push a chain onto it. Each retries a bounded number of times and never
 // waits for a slot another thread holds. Both are async-signal-safe. A slot's
-// head holds a node address, the list's own end marker, or kSlotLocked while
-// a non-owner holds it.
+// head holds a node address, 0 for an empty list (every list ends in
+// nullptr), or kSlotLocked while a non-owner holds it.
 
 // Pops the head of the list of the CPU `area`'s thread runs on, in one
-// section. True when it committed: *popped is the old head (the list's end
-// marker if it was empty). False when the thread cannot use its CPU's list
-// now: its CPU has no slot, a non-owner holds the slot, or every try aborted.
-[[nodiscard]] inline bool pop_local_head(rseq_area* area, cpu_slot* slots, int slot_count,
+// section. True when it committed: *popped is the old head, a node. False
+// when it did not pop: the list is empty, its CPU has no slot, a non-owner
+// holds the slot, or every try aborted (the caller's slow path tells which).
+[[nodiscard]] inline bool pop_local_head(rseq_area* area, cpu_slot_words* slots, int slot_count,
                                          long next_offset, std::intptr_t* popped) noexcept {
   for (int tries = 0; tries < kSectionTries; ++tries) {
     const int cpu = rseq_current_index<index_kind::cpu_id>(area);
     if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count)) return false;
-    const int rc = rseq_cmpnev_storeoffp_load<index_kind::cpu_id>(
-        area, &slots[cpu].head, kSlotLocked, next_offset, popped, cpu);
+    const int rc = rseq_cmpabovev_storeoffp_load<index_kind::cpu_id>(
+        area, &stride_copy(slots, static_cast<unsigned>(cpu))->head, kSlotLocked, next_offset,
+        popped, cpu);
     if (rc == 0) return true;
-    if (rc == 1) return false;  // locked by a non-owner
+    if (rc == 1) return false;  // empty, or locked by a non-owner
   }
   return false;
 }
@@ -365,12 +386,12 @@ void clear_flag_in_child(int* flag) noexcept;
 // the CPU `area`'s thread runs on, in one section. True when it committed;
 // false as for pop_local_head.
 template <class Node>
-[[nodiscard]] inline bool push_local_chain(rseq_area* area, cpu_slot* slots, int slot_count,
+[[nodiscard]] inline bool push_local_chain(rseq_area* area, cpu_slot_words* slots, int slot_count,
                                            Node* first, Node* last) noexcept {
   for (int tries = 0; tries < kSectionTries; ++tries) {
     const int cpu = rseq_current_index<index_kind::cpu_id>(area);
     if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count)) return false;
-    std::intptr_t* head = &slots[cpu].head;
+    std::intptr_t* head = &stride_copy(slots, static_cast<unsigned>(cpu))->head;
     const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
     if (expect == kSlotLocked) return false;
     // Read outside the section, so it may be stale: the section's compare

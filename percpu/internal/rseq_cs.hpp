@@ -30,12 +30,14 @@
 //                                                               store, v the commit
 //
 //   template <index_kind K>
-//   int rseq_cmpnev_storeoffp_load(rseq_area* area, intptr_t* v, intptr_t expectnot,
-//                                  long voffp, intptr_t* load, int index) noexcept;
-//       if (*v != expectnot) {                                  intrusive-list pop:
+//   int rseq_cmpabovev_storeoffp_load(rseq_area* area, intptr_t* v, uintptr_t floor,
+//                                     long voffp, intptr_t* load, int index) noexcept;
+//       if ((uintptr_t)*v > floor) {                           intrusive-list pop:
 //         *load = *v;                                           *v is the head, voffp
-//         *v = *(intptr_t*)(*v + voffp);                        the offset of "next"
-//       }
+//         *v = *(intptr_t*)(*v + voffp);                        the offset of "next";
+//       }                                                       values up to floor are
+//                                                               the empty list (0) and
+//                                                               markers, never nodes
 //
 //   template <index_kind K>
 //   int rseq_cmpeqv_cmpeqv_storev(rseq_area* area, intptr_t* v, intptr_t expect,
@@ -54,7 +56,7 @@
 //
 // Return value of every operation:
 //    0  committed: the last store happened, on the CPU (or mm_cid) `index`.
-//    1  the comparison failed: nothing was stored (cmpnev_storeoffp_load may
+//    1  the comparison failed: nothing was stored (cmpabovev_storeoffp_load may
 //       have written *load; ignore it).
 //   -1  aborted (preemption, migration, signal) or `index` is not the
 //       thread's current index: the committing store did not happen. The

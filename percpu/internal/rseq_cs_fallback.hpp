@@ -36,8 +36,8 @@ inline int rseq_cmpeqv_trystorev_storev(rseq_area*, std::intptr_t*, std::intptr_
 }
 
 template <index_kind K>
-inline int rseq_cmpnev_storeoffp_load(rseq_area*, std::intptr_t*, std::intptr_t, long,
-                                      std::intptr_t*, int) noexcept {
+inline int rseq_cmpabovev_storeoffp_load(rseq_area*, std::intptr_t*, std::uintptr_t, long,
+                                         std::intptr_t*, int) noexcept {
   return -1;
 }
 

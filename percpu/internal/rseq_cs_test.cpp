@@ -108,24 +108,33 @@ void run_single_threaded_paths(rseq_area* area, int index, bool deterministic) {
   std::intptr_t popped = 0;
   const long next_offset = static_cast<long>(offsetof(node, next));
   EXPECT_EQ(retry([&] {
-              return rseq_cmpnev_storeoffp_load<K>(area, &head, 0, next_offset, &popped, index);
+              return rseq_cmpabovev_storeoffp_load<K>(area, &head, 1, next_offset, &popped, index);
             }),
             0);
   EXPECT_EQ(popped, reinterpret_cast<std::intptr_t>(&first));
   EXPECT_EQ(head, reinterpret_cast<std::intptr_t>(&second));
   EXPECT_EQ(retry([&] {
-              return rseq_cmpnev_storeoffp_load<K>(area, &head, 0, next_offset, &popped, index);
+              return rseq_cmpabovev_storeoffp_load<K>(area, &head, 1, next_offset, &popped, index);
             }),
             0);
   EXPECT_EQ(popped, reinterpret_cast<std::intptr_t>(&second));
   EXPECT_EQ(head, 0);
   popped = 99;
   EXPECT_EQ(retry([&] {
-              return rseq_cmpnev_storeoffp_load<K>(area, &head, 0, next_offset, &popped, index);
+              return rseq_cmpabovev_storeoffp_load<K>(area, &head, 1, next_offset, &popped, index);
             }),
             1);
   EXPECT_EQ(head, 0);
   EXPECT_EQ(popped, 99) << "popping an empty list must not write *load";
+  // Every value up to the floor is a marker, refused as the empty list is
+  // (a locked slot holds 1): never followed as a node.
+  head = 1;
+  EXPECT_EQ(retry([&] {
+              return rseq_cmpabovev_storeoffp_load<K>(area, &head, 1, next_offset, &popped, index);
+            }),
+            1);
+  EXPECT_EQ(head, 1);
+  EXPECT_EQ(popped, 99) << "a marker must not be popped";
   expect_armed_descriptor_valid(*area);
 }
 
@@ -138,7 +147,7 @@ void run_index_mismatch(rseq_area* area, int wrong) {
   EXPECT_EQ((rseq_addv<K>(area, &v, 1, wrong)), -1);
   EXPECT_EQ((rseq_cmpeqv_storev<K>(area, &v, 5, 9, wrong)), -1);
   EXPECT_EQ((rseq_cmpeqv_trystorev_storev<K>(area, &v, 5, &v2, 1, 9, wrong)), -1);
-  EXPECT_EQ((rseq_cmpnev_storeoffp_load<K>(area, &head, 0, 0, &load, wrong)), -1);
+  EXPECT_EQ((rseq_cmpabovev_storeoffp_load<K>(area, &head, 1, 0, &load, wrong)), -1);
   EXPECT_EQ(v, 5);
   EXPECT_EQ(v2, 6);
   EXPECT_EQ(load, 7);
@@ -253,8 +262,8 @@ void pop_push(contention_state* s, long* aborts) {
   std::intptr_t popped = 0;
   for (;;) {
     const int index = rseq_current_index<K>(area);
-    const int rc = rseq_cmpnev_storeoffp_load<K>(
-        area, &s->heads[static_cast<std::size_t>(index)].value, 0, next_offset, &popped, index);
+    const int rc = rseq_cmpabovev_storeoffp_load<K>(
+        area, &s->heads[static_cast<std::size_t>(index)].value, 1, next_offset, &popped, index);
     if (rc == 1) return;  // this CPU's list is empty
     if (rc == 0) break;
     ++*aborts;

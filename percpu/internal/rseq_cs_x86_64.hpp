@@ -364,16 +364,19 @@ cmpfail:
   return 1;
 }
 
-// rseq_cmpnev_storeoffp_load: intrusive-list pop. *v is the list head, each
-// node keeps its successor at byte offset voffp.
+// rseq_cmpabovev_storeoffp_load: intrusive-list pop. *v is the list head, each
+// node keeps its successor at byte offset voffp. Every head value up to
+// `floor` (unsigned) is a marker, not a node: percpu's lists end in 0 and a
+// locker leaves 1 (kSlotLocked), so one compare sends both to the caller's
+// slow path, and a zeroed head (fresh per-CPU memory) is an empty list.
 //
 //   pseudo-code:   if (area->index != index) return -1;
 //                  head = *v;
-//                  if (head == expectnot) return 1;     (the empty list)
+//                  if ((uintptr_t)head <= floor) return 1;  (empty, or a marker)
 //                  *load = head;                        <- speculative
 //                  *v = *(intptr_t*)(head + voffp);     <- commit
 //                  return 0;
-//   operands:      area -> %[area], v -> %[v], expectnot -> %[expectnot],
+//   operands:      area -> %[area], v -> %[v], floor -> %[floor],
 //                  voffp -> %[voffp], load -> %[load], index -> %[index],
 //                  %rax descriptor address then head then head's successor
 //   labels:        start 1, commit "movq %%rax, (%[v])", post-commit 2,
@@ -381,7 +384,7 @@ cmpfail:
 //   Why it is ABA-safe: the head is read and replaced inside one section on
 //   the owning CPU, so no other push or pop can run in between.
 template <index_kind K>
-inline int rseq_cmpnev_storeoffp_load(rseq_area* area, std::intptr_t* v, std::intptr_t expectnot,
+inline int rseq_cmpabovev_storeoffp_load(rseq_area* area, std::intptr_t* v, std::uintptr_t floor,
                                       long voffp, std::intptr_t* load, int index) noexcept {
   asm goto(
       ".pushsection __rseq_cs, \"aw?\"\n\t"
@@ -403,8 +406,8 @@ inline int rseq_cmpnev_storeoffp_load(rseq_area* area, std::intptr_t* v, std::in
       "cmpl %[index], %c[index_offset](%[area])\n\t"
       "jne %l[abort]\n\t"
       "movq (%[v]), %%rax\n\t"
-      "cmpq %[expectnot], %%rax\n\t"
-      "je %l[cmpfail]\n\t"
+      "cmpq %[floor], %%rax\n\t"
+      "jbe %l[cmpfail]\n\t"
       "movq %%rax, (%[load])\n\t"
       "movq (%%rax, %[voffp]), %%rax\n\t"
 #if defined(PERCPU_INJECT_DELAYS)
@@ -431,7 +434,7 @@ inline int rseq_cmpnev_storeoffp_load(rseq_area* area, std::intptr_t* v, std::in
       "jmp %l[abort]\n\t"
       ".popsection\n\t"
       :
-      : [area] "r"(area), [v] "r"(v), [expectnot] "r"(expectnot), [voffp] "r"(voffp),
+      : [area] "r"(area), [v] "r"(v), [floor] "r"(floor), [voffp] "r"(voffp),
         [load] "r"(load), [index] "r"(index), [cs_offset] "i"(kRseqCsOffset),
         [index_offset] "i"(index_offset<K>())
 #if defined(PERCPU_INJECT_DELAYS)

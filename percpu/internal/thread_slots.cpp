@@ -129,9 +129,9 @@ bool thread_slots_usable() noexcept {
 }
 
 namespace {
-// Every structure's thread slots, one object of kThreadSlots copies each.
+// Every structure's thread slots, one object of kThreadSlots copies each
+// (the header asserts that a thread_slot fits the 32 bytes).
 stride_arena g_thread_slot_copies(32, kThreadSlots);
-static_assert(sizeof(thread_slot) <= 32, "");
 }  // namespace
 
 thread_slot* new_thread_slot_copies() noexcept {
@@ -234,46 +234,13 @@ bool wait_for_thread_slot_owners(thread_slot* copies, int* indexes) noexcept {
   return true;
 }
 
-namespace {
-
-// Waits, reading only, until `flag` is free or held by the calling thread
-// (its own frames: a handler that interrupted a locker called fork). False
-// when its holder will never release it.
-bool wait_until_free(const int* flag, holder_verdict* verdict) noexcept {
-  int watched = kFlagFree;
-  long watched_since = 0;
-  const int self = current_tid();
-  for (int spins = 0;; ++spins) {
-    const int holder = __atomic_load_n(flag, __ATOMIC_SEQ_CST);
-    if (holder == kFlagFree || holder == self) return true;
-    if (holder == kFlagAbandoned) {
-      *verdict = holder_verdict::gone;
-      return false;
-    }
-    if (!back_off(spins)) continue;
-    const holder_verdict v = judge_holder(holder, &watched, &watched_since);
-    // A holder that released the flag and then exited, after the read of
-    // `holder` above, is not an abandoned one: look again.
-    if (v == holder_verdict::gone && __atomic_load_n(flag, __ATOMIC_SEQ_CST) != holder) continue;
-    if (v != holder_verdict::running) {
-      *verdict = v;
-      return false;
-    }
-  }
-}
-
-}  // namespace
-
 void wait_for_thread_slot_lockers(thread_slot* copies) noexcept {
   const int limit = thread_index_limit();
   for (int i = 0; i < limit; ++i) {
-    holder_verdict verdict = holder_verdict::running;
-    if (!wait_until_free(&thread_slot_at(copies, i)->locker, &verdict) &&
-        verdict != holder_verdict::self) {
-      // The child clears it (clear_thread_slots_in_child); the parent keeps
-      // it as its holder left it.
-      report_abandoned("a thread's slot of a percpu structure, at fork(),", verdict);
-    }
+    // One whose holder never comes back: the child clears it
+    // (clear_thread_slots_in_child); the parent keeps it as its holder left it.
+    fork_wait_until_free(&thread_slot_at(copies, i)->locker,
+                         "a thread's slot of a percpu structure, at fork(),");
   }
 }
 

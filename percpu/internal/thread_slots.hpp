@@ -52,8 +52,8 @@
 //   kStride bytes after index i - 1's, so the slots of one index in every
 //   structure share that index's pages, and a structure pays only for the
 //   indexes whose threads write to it. A new slot is all zero: an empty
-//   head reads as 0 (thread_slot_head() turns a structure's own empty
-//   marker into 0 and back), nobody busy, nothing revoked, the locker free.
+//   list (the structures' lists end in nullptr), nobody busy, nothing
+//   revoked, the locker free.
 //   Walks over every thread's slot stop at thread_index_limit().
 //
 // Fork
@@ -98,15 +98,12 @@ static_assert(sizeof(thread_slot) <= 32, "a thread's slot in the 32-byte class")
   return stride_copy(copies, static_cast<unsigned>(index));
 }
 
-// A slot's head for a structure whose empty list is `empty`: stored XOR
-// `empty`, so that a zeroed slot holds the empty list.
-[[nodiscard]] inline std::intptr_t thread_slot_head(const thread_slot* slot,
-                                                    std::intptr_t empty) noexcept {
-  return __atomic_load_n(&slot->head, __ATOMIC_RELAXED) ^ empty;
+// A slot's list head: a node address, or 0 for the empty list.
+[[nodiscard]] inline std::intptr_t thread_slot_head(const thread_slot* slot) noexcept {
+  return __atomic_load_n(&slot->head, __ATOMIC_RELAXED);
 }
-inline void set_thread_slot_head(thread_slot* slot, std::intptr_t head,
-                                 std::intptr_t empty) noexcept {
-  __atomic_store_n(&slot->head, head ^ empty, __ATOMIC_RELAXED);
+inline void set_thread_slot_head(thread_slot* slot, std::intptr_t head) noexcept {
+  __atomic_store_n(&slot->head, head, __ATOMIC_RELAXED);
 }
 
 // The calling thread's index in [0, kThreadSlots), or -1.

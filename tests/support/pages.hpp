@@ -50,6 +50,44 @@ inline long present_stride_pages(const std::set<std::uintptr_t>& cpu0_pages, int
   return present;
 }
 
+// The pages (page-aligned) that hold each of `words` but nullptr: where a
+// set of structures keeps CPU 0's (or thread index 0's) copy of its words.
+inline std::set<std::uintptr_t> pages_holding(const std::vector<const void*>& words) {
+  const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::set<std::uintptr_t> pages;
+  for (const void* w : words) {
+    if (w != nullptr) pages.insert(reinterpret_cast<std::uintptr_t>(w) & ~(page - 1));
+  }
+  return pages;
+}
+
+// The resident anonymous bytes (smaps' "Anonymous:", which does not count
+// the zero page) of the mappings that hold any of `addresses`: a structure's
+// own chunks of per-CPU memory, apart from memory the rest of the process
+// (a sanitizer's shadow of what was read, say) fills meanwhile. -1 if
+// /proc/self/smaps cannot be read.
+inline long anonymous_bytes_of_mappings(const std::set<std::uintptr_t>& addresses) {
+  std::FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return -1;
+  char line[512];
+  bool holds = false;
+  long kib_total = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long from = 0, to = 0;
+    // A mapping's first line ("from-to perms ..."); the field lines never
+    // parse as two numbers around a '-'.
+    if (std::sscanf(line, "%lx-%lx ", &from, &to) == 2) {
+      const auto at = addresses.lower_bound(from);
+      holds = at != addresses.end() && *at < to;
+      continue;
+    }
+    long kib = 0;
+    if (holds && std::sscanf(line, "Anonymous: %ld kB", &kib) == 1) kib_total += kib;
+  }
+  std::fclose(f);
+  return kib_total * 1024;
+}
+
 // The process's resident anonymous memory (heap, mappings, stacks; not the
 // pages of its binaries, which running new code adds) in bytes, counted
 // exactly: /proc/self/smaps_rollup walks the page tables, while
