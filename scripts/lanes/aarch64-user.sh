@@ -39,7 +39,8 @@ set -euo pipefail
 # gtest cases that exec an aarch64 program: they need binfmt_misc for qemu-aarch64.
 EXEC_GTEST_EXCLUDE=(CpuExec.WorksAfterExec 'ForcedBackend.*' '*DeathTest.*' 'HiddenSys.MaxCpusBoundsEveryIdWithoutSys'
                     'HiddenSys.MaxCpusFollowsASparsePossibleList'
-                    'HiddenSys.AListThatMissesCpusLeavesIdsInRangeWhenTheMaskWidens')
+                    'HiddenSys.AListThatMissesCpusLeavesIdsInRangeWhenTheMaskWidens'
+                    'HiddenSys.ListsAndPoolsCostAsMuchWithFourThousandPossibleCpusAsWithTwo')
 # gtest cases that qemu-user 7.2 itself cannot run (fork, then threads in the child).
 QEMU_GTEST_EXCLUDE=('*.ForkDuringHeavyUse' 'SharedMutexStressTest.ForkWhile*')
 # gtest cases that install a seccomp filter themselves (left out when qemu-user
