@@ -90,27 +90,9 @@ bool free_list::push_chain_own(free_list_node* first, free_list_node* last) noex
   return true;
 }
 
-void free_list::push_slow(free_list_node* node, bool has_sections) noexcept {
-  if (!has_sections) {
-    if (push_chain_own(node, node)) return;
-    // A thread without rseq: lock the slot of the CPU the fallback reports.
-    const int cpu = internal::cpu_hint() % slot_count_;
-    for (int tries = 0; tries < kLockTries; ++tries) {
-      std::intptr_t head = 0;
-      const internal::lock_result r = internal::lock_slot(slot_of(cpu), cpu, &head);
-      if (r == internal::lock_result::acquired) {
-        node->next = reinterpret_cast<free_list_node*>(head);
-        internal::unlock_slot(slot_of(cpu), reinterpret_cast<std::intptr_t>(node));
-        return;
-      }
-      if (r == internal::lock_result::refused) break;
-    }
-  }
-  // The local slot is locked by another thread (maybe the one this handler
-  // interrupted), or sections kept aborting: the overflow stack never blocks.
-  node->next = nullptr;
-  to_overflow(node, node);
-}
+// The started section did not commit: retry it (an abort), or take the path
+// of a thread without rseq; push_chain_home says which.
+void free_list::push_slow(free_list_node* node) noexcept { push_chain_home(node, node); }
 
 // Locks CPU `cpu`'s slot and detaches up to `batch` nodes from its top.
 // Returns the first (nullptr if the slot was empty or not lockable); the
@@ -155,25 +137,44 @@ free_list_node* free_list::pop_thread_slot(int index, int batch,
 }
 
 // Puts first..last on the calling CPU's list (one section for the whole
-// chain), or on the overflow stack when that is not possible now.
+// chain), or, for a thread without rseq, on its own list or under the lock
+// of the list of the CPU its fallback reports; on the overflow stack when
+// none of that is possible now (the list is locked by another thread, maybe
+// the one this handler interrupted, or sections kept aborting): the
+// overflow stack never blocks.
 void free_list::push_chain_home(free_list_node* first, free_list_node* last) noexcept {
   if (internal::rseq_area* area = internal::section_area()) {
     if (internal::push_local_chain(area, slots_, slot_count_, first, last)) return;
   } else {
     if (push_chain_own(first, last)) return;
     const int cpu = internal::cpu_hint() % slot_count_;
-    std::intptr_t head = 0;
-    if (internal::lock_slot(slot_of(cpu), cpu, &head) == internal::lock_result::acquired) {
-      last->next = reinterpret_cast<free_list_node*>(head);
-      internal::unlock_slot(slot_of(cpu), reinterpret_cast<std::intptr_t>(first));
-      return;
+    for (int tries = 0; tries < kLockTries; ++tries) {
+      std::intptr_t head = 0;
+      const internal::lock_result r = internal::lock_slot(slot_of(cpu), cpu, &head);
+      if (r == internal::lock_result::acquired) {
+        last->next = reinterpret_cast<free_list_node*>(head);
+        internal::unlock_slot(slot_of(cpu), reinterpret_cast<std::intptr_t>(first));
+        return;
+      }
+      if (r == internal::lock_result::refused) break;
     }
   }
   last->next = nullptr;
   to_overflow(first, last);
 }
 
-free_list_node* free_list::pop_slow(bool local_only, bool has_sections) noexcept {
+free_list_node* free_list::pop_slow(bool local_only) noexcept {
+  internal::rseq_area* area = internal::section_area();
+  const bool has_sections = area != nullptr;
+  if (has_sections) {
+    // The started section aborted (try again, a bounded number of times),
+    // or found the list empty or locked (then this fails at once too).
+    std::intptr_t popped = 0;
+    if (internal::pop_local_head(area, slots_, slot_count_, offsetof(free_list_node, next),
+                                 &popped)) {
+      return reinterpret_cast<free_list_node*>(popped);
+    }
+  }
   const int home = (has_sections ? cpu_id() : internal::cpu_hint()) % slot_count_;
   if (!has_sections) {
     if (internal::thread_slot* own = own_thread_slot()) {

@@ -137,10 +137,8 @@ class free_list final : private internal::fork_participant {
   }
   static constexpr int kStealBatch = 16;
 
-  // has_sections: what the inline path's section_area() answered, so the
-  // slow path of a thread without rseq does not ask again.
-  void push_slow(free_list_node* node, bool has_sections) noexcept;
-  free_list_node* pop_slow(bool local_only, bool has_sections) noexcept;
+  void push_slow(free_list_node* node) noexcept;
+  free_list_node* pop_slow(bool local_only) noexcept;
   PERCPU_LOCAL free_list_node* pop_locked(int cpu, int batch, free_list_node** rest_last) noexcept;
   PERCPU_LOCAL free_list_node* pop_thread_slot(int index, int batch,
                                                free_list_node** rest_last) noexcept;
@@ -165,44 +163,34 @@ class free_list final : private internal::fork_participant {
 
 // TSan (internal/sanitizers.hpp): push releases the node, and whoever pops
 // it (pop, try_pop_local, take_all) acquires it.
+// The hot paths are one started section each (cpu_slots.hpp, "The started
+// form"); anything else (an abort, an empty or locked list, no rseq) goes
+// out of line.
 inline void free_list::push(free_list_node* node) noexcept {
   PERCPU_TSAN_RELEASE(node);
-  internal::rseq_area* area = internal::section_area();
-  if (__builtin_expect(area != nullptr, 1) &&
-      __builtin_expect(internal::push_local_chain(area, slots_, slot_count_, node, node), 1)) {
-    return;
-  }
-  push_slow(node, area != nullptr);
+  if (__builtin_expect(internal::push_started(slots_, node, node), 1)) return;
+  push_slow(node);
 }
 
 inline free_list_node* free_list::try_pop_local() noexcept {
-  internal::rseq_area* area = internal::section_area();
   std::intptr_t popped = 0;
-  if (__builtin_expect(area != nullptr, 1) &&
-      __builtin_expect(internal::pop_local_head(area, slots_, slot_count_,
-                                                offsetof(free_list_node, next), &popped),
-                       1)) {
+  if (__builtin_expect(internal::pop_started(slots_, offsetof(free_list_node, next), &popped), 1)) {
     PERCPU_TSAN_ACQUIRE(reinterpret_cast<free_list_node*>(popped));
     return reinterpret_cast<free_list_node*>(popped);
   }
-  // Empty here, or this CPU's list is unavailable.
-  free_list_node* node = pop_slow(true, area != nullptr);
+  free_list_node* node = pop_slow(true);
   if (node != nullptr) PERCPU_TSAN_ACQUIRE(node);
   return node;
 }
 
 inline free_list_node* free_list::pop() noexcept {
-  internal::rseq_area* area = internal::section_area();
   std::intptr_t popped = 0;
-  if (__builtin_expect(area != nullptr, 1) &&
-      __builtin_expect(internal::pop_local_head(area, slots_, slot_count_,
-                                                offsetof(free_list_node, next), &popped),
-                       1)) {
+  if (__builtin_expect(internal::pop_started(slots_, offsetof(free_list_node, next), &popped), 1)) {
     PERCPU_TSAN_ACQUIRE(reinterpret_cast<free_list_node*>(popped));
     return reinterpret_cast<free_list_node*>(popped);
   }
-  // Empty here, or this CPU's list is unavailable.
-  free_list_node* node = pop_slow(false, area != nullptr);
+  // Empty here, or this CPU's list is unavailable, or the section aborted.
+  free_list_node* node = pop_slow(false);
   if (node != nullptr) PERCPU_TSAN_ACQUIRE(node);
   return node;
 }

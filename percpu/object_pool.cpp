@@ -450,18 +450,26 @@ bool object_pool::push_home_locked(int cpu, node* n) noexcept {
   return false;
 }
 
-// A thread without rseq: its own cache first, kept apart from the rest so
-// that this common case pays for no more than a call.
-void* object_pool::allocate_slow(bool has_sections) noexcept {
-  if (!has_sections) {
-    if (internal::thread_slot* own = own_thread_slot()) {
-      if (node* n = pop_own(own)) {
-        if (checks_) check_allocate(n);
-        return n;
-      }
+// Where the started section did not pop: this CPU's cache again, or a
+// thread without rseq's own cache, kept apart from the refill so that those
+// common cases pay for no more than a call.
+void* object_pool::allocate_slow() noexcept {
+  internal::rseq_area* area = internal::section_area();
+  if (area != nullptr) {
+    // The started section aborted (try again, a bounded number of times),
+    // or found the cache empty or locked (then this fails at once too).
+    std::intptr_t popped = 0;
+    if (internal::pop_local_head(area, slots_, slot_count_, offsetof(node, next), &popped)) {
+      if (checks_) check_allocate(reinterpret_cast<void*>(popped));
+      return reinterpret_cast<void*>(popped);
+    }
+  } else if (internal::thread_slot* own = own_thread_slot()) {
+    if (node* n = pop_own(own)) {
+      if (checks_) check_allocate(n);
+      return n;
     }
   }
-  return allocate_refill(has_sections);
+  return allocate_refill(area != nullptr);
 }
 
 void* object_pool::allocate_refill(bool has_sections) noexcept {

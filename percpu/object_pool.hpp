@@ -201,7 +201,7 @@ class object_pool final : private internal::fork_participant {
 #endif
   // has_sections: what the inline path's section_area() answered, so the
   // slow path of a thread without rseq does not ask again.
-  void* allocate_slow(bool has_sections) noexcept;
+  void* allocate_slow() noexcept;
   void deallocate_slow(node* n, bool has_sections) noexcept;
   PERCPU_LOCAL __attribute__((noinline)) void* allocate_refill(bool has_sections) noexcept;
   PERCPU_LOCAL __attribute__((noinline)) void deallocate_spill(node* n, bool has_sections) noexcept;
@@ -258,18 +258,17 @@ class object_pool final : private internal::fork_participant {
 // TSan (internal/sanitizers.hpp): deallocate releases the object after its
 // last store to it, and allocate acquires what it returns, so the next
 // owner's accesses come after the previous owner's.
+// allocate's hot path is one started section (internal/cpu_slots.hpp, "The
+// started form"); anything else goes out of line.
 inline void* object_pool::allocate() noexcept {
-  internal::rseq_area* area = internal::section_area();
   std::intptr_t popped = 0;
-  if (__builtin_expect(area != nullptr, 1) &&
-      __builtin_expect(
-          internal::pop_local_head(area, slots_, slot_count_, offsetof(node, next), &popped), 1)) {
+  if (__builtin_expect(internal::pop_started(slots_, offsetof(node, next), &popped), 1)) {
     void* p = reinterpret_cast<void*>(popped);
     PERCPU_TSAN_ACQUIRE(p);
     if (__builtin_expect(checks_, 0)) check_allocate(p);
     return p;
   }
-  void* p = allocate_slow(area != nullptr);  // empty (refill from the depot), locked, or no rseq
+  void* p = allocate_slow();  // aborted, empty (refill from the depot), locked, or no rseq
   if (p != nullptr) PERCPU_TSAN_ACQUIRE(p);
   return p;
 }

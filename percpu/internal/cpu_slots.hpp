@@ -384,26 +384,63 @@ void clear_flag_in_child(int* flag) noexcept;
 
 // Pushes the chain first..last (linked through Node::next) onto the list of
 // the CPU `area`'s thread runs on, in one section. True when it committed;
-// false as for pop_local_head.
+// false as for pop_local_head (but an empty list takes a push).
 template <class Node>
 [[nodiscard]] inline bool push_local_chain(rseq_area* area, cpu_slot_words* slots, int slot_count,
                                            Node* first, Node* last) noexcept {
+  // The section stores the head it reads into last->next (sanitizers.hpp).
+  PERCPU_TSAN_RELEASE(last);
   for (int tries = 0; tries < kSectionTries; ++tries) {
     const int cpu = rseq_current_index<index_kind::cpu_id>(area);
     if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count)) return false;
-    std::intptr_t* head = &stride_copy(slots, static_cast<unsigned>(cpu))->head;
-    const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
-    if (expect == kSlotLocked) return false;
-    // Read outside the section, so it may be stale: the section's compare
-    // makes it commit only if the head is still `expect`.
-    last->next = reinterpret_cast<Node*>(expect);
-    PERCPU_TSAN_RELEASE(last);  // the store above, for whoever pops `last` (sanitizers.hpp)
-    if (rseq_cmpeqv_storev<index_kind::cpu_id>(area, head, expect,
-                                               reinterpret_cast<std::intptr_t>(first), cpu) == 0) {
-      return true;
-    }
+    const int rc = rseq_cmpnev_trystorev_storev<index_kind::cpu_id>(
+        area, &stride_copy(slots, static_cast<unsigned>(cpu))->head, kSlotLocked,
+        reinterpret_cast<std::intptr_t*>(&last->next), reinterpret_cast<std::intptr_t>(first), cpu);
+    if (rc == 0) return true;
+    if (rc == 1) return false;  // locked by a non-owner
   }
   return false;
+}
+
+// ---- The started form (the lists' hot paths) -------------------------------
+//
+// One try of the pop or the push, started as counter::add's section is
+// (rseq_cs.hpp, start_section()): no area test, no bound test, no second
+// read of the CPU. What makes that enough:
+//   - a thread that is not a marked section user (no rseq, start-up not
+//     done, the test seam that sends it to the locked path, or its first
+//     owner section still to come) fails at once on its state word, which
+//     is the one test left;
+//   - a section commits only on the CPU the kernel shows in cpu_id, which
+//     is below max_cpus() wherever sections are on, so at a copy that
+//     exists, and it reads the head only after that compare.
+// False sends the caller to its slow path: retry with pop_local_head /
+// push_local_chain (an abort), tell an empty list from a locked one, or
+// take the path of a thread without rseq.
+
+[[nodiscard]] inline bool section_user_marked() noexcept {
+  return load_tp_relative_i32(g_fast_path.section_state) == static_cast<int>(section_user::marked);
+}
+
+// pop_local_head's one started try: true with *popped a node.
+[[nodiscard]] inline bool pop_started(cpu_slot_words* slots, long next_offset,
+                                      std::intptr_t* popped) noexcept {
+  if (__builtin_expect(!section_user_marked(), 0)) return false;
+  const section_start start = start_section();
+  return rseq_cmpabovev_storeoffp_load_started(start, &stride_copy_at(slots, start)->head,
+                                               kSlotLocked, next_offset, popped) == 0;
+}
+
+// push_local_chain's one started try.
+template <class Node>
+[[nodiscard]] inline bool push_started(cpu_slot_words* slots, Node* first, Node* last) noexcept {
+  if (__builtin_expect(!section_user_marked(), 0)) return false;
+  const section_start start = start_section();
+  PERCPU_TSAN_RELEASE(last);
+  return rseq_cmpnev_trystorev_storev_started(start, &stride_copy_at(slots, start)->head,
+                                              kSlotLocked,
+                                              reinterpret_cast<std::intptr_t*>(&last->next),
+                                              reinterpret_cast<std::intptr_t>(first)) == 0;
 }
 
 }  // namespace internal

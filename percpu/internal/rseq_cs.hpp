@@ -40,6 +40,14 @@
 //                                                               markers, never nodes
 //
 //   template <index_kind K>
+//   int rseq_cmpnev_trystorev_storev(rseq_area* area, intptr_t* v, intptr_t expectnot,
+//                                    intptr_t* v2, intptr_t newv, int index) noexcept;
+//       if (*v != expectnot) {                                  intrusive-list push of
+//         *v2 = *v;                                             a chain: v2 is its last
+//         *v = newv;                                            node's link, newv its
+//       }                                                       first node
+//
+//   template <index_kind K>
 //   int rseq_cmpeqv_cmpeqv_storev(rseq_area* area, intptr_t* v, intptr_t expect,
 //                                 intptr_t* v2, intptr_t expect2, intptr_t newv,
 //                                 int index) noexcept;
@@ -103,6 +111,13 @@
 //       by its committing instruction, so an address made from a value the
 //       section rejects is never accessed.
 //   Only cpu_id indexes these sections; mm_cid has no start field.
+//
+//   The lists' hot paths (free_list push and pop, object_pool allocate) are
+//   started the same way: rseq_cmpabovev_storeoffp_load_started and
+//   rseq_cmpnev_trystorev_storev_started are the pop and the push above on
+//   the started area and CPU. Both read the head inside the section, after
+//   the CPU compare, so a head copy's address made from a rejected
+//   cpu_id_start is never touched either.
 //
 // Test seams (compile time):
 //   PERCPU_INJECT_DELAYS   a delay loop of g_inject_delay_loops iterations

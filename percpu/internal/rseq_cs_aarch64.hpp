@@ -224,6 +224,28 @@ inline int rseq_addv_started(section_start start, std::intptr_t* v,
   return rseq_addv<index_kind::cpu_id>(start.area, v, count, static_cast<int>(start.cpu));
 }
 
+// The list pop and push (rseq_cmpabovev_storeoffp_load and
+// rseq_cmpnev_trystorev_storev, below), on the started section's area and
+// CPU.
+template <index_kind K>
+inline int rseq_cmpabovev_storeoffp_load(rseq_area* area, std::intptr_t* v, std::uintptr_t floor,
+                                         long voffp, std::intptr_t* load, int index) noexcept;
+template <index_kind K>
+inline int rseq_cmpnev_trystorev_storev(rseq_area* area, std::intptr_t* v, std::intptr_t expectnot,
+                                        std::intptr_t* v2, std::intptr_t newv, int index) noexcept;
+inline int rseq_cmpabovev_storeoffp_load_started(section_start start, std::intptr_t* v,
+                                                 std::uintptr_t floor, long voffp,
+                                                 std::intptr_t* load) noexcept {
+  return rseq_cmpabovev_storeoffp_load<index_kind::cpu_id>(start.area, v, floor, voffp, load,
+                                                           static_cast<int>(start.cpu));
+}
+inline int rseq_cmpnev_trystorev_storev_started(section_start start, std::intptr_t* v,
+                                                std::intptr_t expectnot, std::intptr_t* v2,
+                                                std::intptr_t newv) noexcept {
+  return rseq_cmpnev_trystorev_storev<index_kind::cpu_id>(start.area, v, expectnot, v2, newv,
+                                                          static_cast<int>(start.cpu));
+}
+
 // rseq_cmpeqv_trystorev_storev: compare, then a speculative store and the
 // committing store (e.g. push: node->next = head speculatively, head = node).
 //
@@ -377,6 +399,90 @@ inline int rseq_cmpabovev_storeoffp_load(rseq_area* area, std::intptr_t* v, std:
       :
       : [area] "r"(area), [v] "r"(v), [floor] "r"(floor), [voffp] "r"(voffp),
         [load] "r"(load), [index] "r"(index), [cs_offset] "i"(kRseqCsOffset),
+        [index_offset] "i"(index_offset<K>())
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "x9", "x10", "x11"
+      : abort, cmpfail);
+  return 0;
+abort:
+  return -1;
+cmpfail:
+  return 1;
+}
+
+// rseq_cmpnev_trystorev_storev: intrusive-list push. *v is the list head;
+// the head read inside the section goes to *v2 (the link of the chain's
+// last node) before newv (its first node) commits as the head.
+//
+//   pseudo-code:   if (area->index != index) return -1;
+//                  head = *v;
+//                  if (head == expectnot) return 1;     (a locked slot)
+//                  *v2 = head;                          <- speculative (the caller's node)
+//                  *v = newv;                           <- commit
+//                  return 0;
+//   operands:      area -> %[area], v -> %[v], expectnot -> %[expectnot],
+//                  v2 -> %[v2], newv -> %[newv], index -> %w[index],
+//                  x9 descriptor address, x10 head
+//   labels:        start 1, commit "str %[newv], [%[v]]", post-commit 2,
+//                  abort 4 -> C label abort (-1), exit cmpfail (1)
+//   Why no expected head: the head is read inside the section, so no copy
+//   of it can be stale, and the link written before the commit is in the
+//   caller's own node, which nobody reaches before the commit.
+template <index_kind K>
+inline int rseq_cmpnev_trystorev_storev(rseq_area* area, std::intptr_t* v, std::intptr_t expectnot,
+                                        std::intptr_t* v2, std::intptr_t newv, int index) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[cmpfail]\n\t"
+      ".popsection\n\t"
+      "adrp x9, 3b\n\t"
+      "add x9, x9, :lo12:3b\n\t"
+      "str x9, [%[area], %c[cs_offset]]\n\t"
+      "1:\n\t"
+      "ldr w10, [%[area], %c[index_offset]]\n\t"
+      "cmp w10, %w[index]\n\t"
+      "b.ne %l[abort]\n\t"
+      "ldr x10, [%[v]]\n\t"
+      "cmp x10, %[expectnot]\n\t"
+      "b.eq %l[cmpfail]\n\t"
+      "str x10, [%[v2]]\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "mov w11, %w[delay]\n\t"
+      "5:\n\t"
+      "cbz w11, 6f\n\t"
+      "sub w11, w11, #1\n\t"
+      "b 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "ldr w11, [%[area], %c[index_offset]]\n\t"
+      "cmp w11, %w[index]\n\t"
+      "b.eq 7f\n\t"
+      "brk #0x7\n\t"
+      "7:\n\t"
+#endif
+      "str %[newv], [%[v]]\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
+      ".inst " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "b %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(area), [v] "r"(v), [expectnot] "r"(expectnot), [v2] "r"(v2),
+        [newv] "r"(newv), [index] "r"(index), [cs_offset] "i"(kRseqCsOffset),
         [index_offset] "i"(index_offset<K>())
 #if defined(PERCPU_INJECT_DELAYS)
         , [delay] "r"(inject_delay_loops())

@@ -42,6 +42,12 @@ inline int rseq_cmpabovev_storeoffp_load(rseq_area*, std::intptr_t*, std::uintpt
 }
 
 template <index_kind K>
+inline int rseq_cmpnev_trystorev_storev(rseq_area*, std::intptr_t*, std::intptr_t, std::intptr_t*,
+                                        std::intptr_t, int) noexcept {
+  return -1;
+}
+
+template <index_kind K>
 inline int rseq_cmpeqv_cmpeqv_storev(rseq_area*, std::intptr_t*, std::intptr_t, std::intptr_t*,
                                      std::intptr_t, std::intptr_t, int) noexcept {
   return -1;
@@ -57,6 +63,16 @@ inline section_start start_section() noexcept { return {0}; }
 inline std::uint64_t started_copy_offset(section_start) noexcept { return 0; }
 
 inline int rseq_addv_started(section_start, std::intptr_t*, std::intptr_t) noexcept {
+  return -1;
+}
+
+inline int rseq_cmpabovev_storeoffp_load_started(section_start, std::intptr_t*, std::uintptr_t,
+                                                 long, std::intptr_t*) noexcept {
+  return -1;
+}
+
+inline int rseq_cmpnev_trystorev_storev_started(section_start, std::intptr_t*, std::intptr_t,
+                                                std::intptr_t*, std::intptr_t) noexcept {
   return -1;
 }
 

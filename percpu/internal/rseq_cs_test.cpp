@@ -136,6 +136,34 @@ void run_single_threaded_paths(rseq_area* area, int index, bool deterministic) {
   EXPECT_EQ(head, 1);
   EXPECT_EQ(popped, 99) << "a marker must not be popped";
   expect_armed_descriptor_valid(*area);
+
+  // The push: the head read in the section links the chain's last node.
+  head = 0;
+  second.next = 77;
+  EXPECT_EQ(retry([&] {
+              return rseq_cmpnev_trystorev_storev<K>(
+                  area, &head, 1, &second.next, reinterpret_cast<std::intptr_t>(&second), index);
+            }),
+            0);
+  EXPECT_EQ(head, reinterpret_cast<std::intptr_t>(&second));
+  EXPECT_EQ(second.next, 0) << "the empty list's head must link the pushed node";
+  EXPECT_EQ(retry([&] {
+              return rseq_cmpnev_trystorev_storev<K>(
+                  area, &head, 1, &first.next, reinterpret_cast<std::intptr_t>(&first), index);
+            }),
+            0);
+  EXPECT_EQ(head, reinterpret_cast<std::intptr_t>(&first));
+  EXPECT_EQ(first.next, reinterpret_cast<std::intptr_t>(&second));
+  head = 1;
+  first.next = 55;
+  EXPECT_EQ(retry([&] {
+              return rseq_cmpnev_trystorev_storev<K>(
+                  area, &head, 1, &first.next, reinterpret_cast<std::intptr_t>(&first), index);
+            }),
+            1);
+  EXPECT_EQ(head, 1) << "a push onto a locked slot must not commit";
+  EXPECT_EQ(first.next, 55) << "a refused push must not write the link";
+  expect_armed_descriptor_valid(*area);
 }
 
 // A wrong index must abort every operation before any store.
@@ -148,6 +176,7 @@ void run_index_mismatch(rseq_area* area, int wrong) {
   EXPECT_EQ((rseq_cmpeqv_storev<K>(area, &v, 5, 9, wrong)), -1);
   EXPECT_EQ((rseq_cmpeqv_trystorev_storev<K>(area, &v, 5, &v2, 1, 9, wrong)), -1);
   EXPECT_EQ((rseq_cmpabovev_storeoffp_load<K>(area, &head, 1, 0, &load, wrong)), -1);
+  EXPECT_EQ((rseq_cmpnev_trystorev_storev<K>(area, &head, 1, &v2, 9, wrong)), -1);
   EXPECT_EQ(v, 5);
   EXPECT_EQ(v2, 6);
   EXPECT_EQ(load, 7);

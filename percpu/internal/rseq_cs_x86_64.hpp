@@ -286,6 +286,168 @@ abort:
   return -1;
 }
 
+// rseq_cmpabovev_storeoffp_load_started: the list pop
+// (rseq_cmpabovev_storeoffp_load), in a started section.
+//
+//   pseudo-code:   if (area->cpu_id != start.cpu) return -1;
+//                  head = *v;
+//                  if ((uintptr_t)head <= floor) return 1;  (empty, or a marker)
+//                  *load = head;                        <- speculative
+//                  *v = *(intptr_t*)(head + voffp);     <- commit
+//                  return 0;
+//   operands:      start.area -> %[area] (an offset: %fs-relative), v ->
+//                  %[v] (a memory operand: the copy's address folds into
+//                  the instruction), floor -> %[floor], voffp -> %[voffp],
+//                  load -> %[load], start.cpu -> %k[cpu], %rax descriptor
+//                  address then head then head's successor
+//   labels:        start 1, commit "movq %%rax, %[v]", post-commit 2,
+//                  abort 4 -> C label abort (-1), exit cmpfail (1)
+inline int rseq_cmpabovev_storeoffp_load_started(section_start start, std::intptr_t* v,
+                                                 std::uintptr_t floor, long voffp,
+                                                 std::intptr_t* load) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[cmpfail]\n\t"
+      ".popsection\n\t"
+      "leaq 3b(%%rip), %%rax\n\t"
+      "movq %%rax, %%fs:%c[cs_offset](%[area])\n\t"
+      "1:\n\t"
+      "cmpl %k[cpu], %%fs:%c[index_offset](%[area])\n\t"
+      "jne %l[abort]\n\t"
+      "movq %[v], %%rax\n\t"
+      "cmpq %[floor], %%rax\n\t"
+      "jbe %l[cmpfail]\n\t"
+      "movq %%rax, (%[load])\n\t"
+      "movq (%%rax, %[voffp]), %%rax\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "movl %[delay], %%ecx\n\t"
+      "5:\n\t"
+      "testl %%ecx, %%ecx\n\t"
+      "jz 6f\n\t"
+      "decl %%ecx\n\t"
+      "jmp 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "cmpl %k[cpu], %%fs:%c[index_offset](%[area])\n\t"
+      "je 7f\n\t"
+      "ud2\n\t"
+      "7:\n\t"
+#endif
+      "movq %%rax, %[v]\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
+      ".byte 0x0f, 0xb9, 0x3d\n\t"
+      ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "jmp %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(start.area), [v] "m"(*v), [floor] "er"(floor), [voffp] "r"(voffp),
+        [load] "r"(load), [cpu] "r"(start.cpu), [cs_offset] "i"(kRseqCsOffset),
+        [index_offset] "i"(kCpuIdOffset)
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "rax", "rcx"
+      : abort, cmpfail);
+  return 0;
+abort:
+  return -1;
+cmpfail:
+  return 1;
+}
+
+// rseq_cmpnev_trystorev_storev_started: the list push
+// (rseq_cmpnev_trystorev_storev), in a started section.
+//
+//   pseudo-code:   if (area->cpu_id != start.cpu) return -1;
+//                  head = *v;
+//                  if (head == expectnot) return 1;     (a locked slot)
+//                  *v2 = head;                          <- speculative (the caller's node)
+//                  *v = newv;                           <- commit
+//                  return 0;
+//   operands:      start.area -> %[area] (an offset: %fs-relative), v ->
+//                  %[v] (a memory operand), expectnot -> %[expectnot], v2
+//                  -> %[v2], newv -> %[newv], start.cpu -> %k[cpu], %rax
+//                  descriptor address then head
+//   labels:        start 1, commit "movq %[newv], %[v]", post-commit 2,
+//                  abort 4 -> C label abort (-1), exit cmpfail (1)
+inline int rseq_cmpnev_trystorev_storev_started(section_start start, std::intptr_t* v,
+                                                std::intptr_t expectnot, std::intptr_t* v2,
+                                                std::intptr_t newv) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[cmpfail]\n\t"
+      ".popsection\n\t"
+      "leaq 3b(%%rip), %%rax\n\t"
+      "movq %%rax, %%fs:%c[cs_offset](%[area])\n\t"
+      "1:\n\t"
+      "cmpl %k[cpu], %%fs:%c[index_offset](%[area])\n\t"
+      "jne %l[abort]\n\t"
+      "movq %[v], %%rax\n\t"
+      "cmpq %[expectnot], %%rax\n\t"
+      "je %l[cmpfail]\n\t"
+      "movq %%rax, (%[v2])\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "movl %[delay], %%ecx\n\t"
+      "5:\n\t"
+      "testl %%ecx, %%ecx\n\t"
+      "jz 6f\n\t"
+      "decl %%ecx\n\t"
+      "jmp 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "cmpl %k[cpu], %%fs:%c[index_offset](%[area])\n\t"
+      "je 7f\n\t"
+      "ud2\n\t"
+      "7:\n\t"
+#endif
+      "movq %[newv], %[v]\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
+      ".byte 0x0f, 0xb9, 0x3d\n\t"
+      ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "jmp %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(start.area), [v] "m"(*v), [expectnot] "er"(expectnot), [v2] "r"(v2),
+        [newv] "r"(newv), [cpu] "r"(start.cpu), [cs_offset] "i"(kRseqCsOffset),
+        [index_offset] "i"(kCpuIdOffset)
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "rax", "rcx"
+      : abort, cmpfail);
+  return 0;
+abort:
+  return -1;
+cmpfail:
+  return 1;
+}
+
 // rseq_cmpeqv_trystorev_storev: compare, then a speculative store and the
 // committing store (e.g. push: node->next = head speculatively, head = node).
 //
@@ -436,6 +598,89 @@ inline int rseq_cmpabovev_storeoffp_load(rseq_area* area, std::intptr_t* v, std:
       :
       : [area] "r"(area), [v] "r"(v), [floor] "r"(floor), [voffp] "r"(voffp),
         [load] "r"(load), [index] "r"(index), [cs_offset] "i"(kRseqCsOffset),
+        [index_offset] "i"(index_offset<K>())
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "rax", "rcx"
+      : abort, cmpfail);
+  return 0;
+abort:
+  return -1;
+cmpfail:
+  return 1;
+}
+
+// rseq_cmpnev_trystorev_storev: intrusive-list push. *v is the list head;
+// the head read inside the section goes to *v2 (the link of the chain's
+// last node) before newv (its first node) commits as the head.
+//
+//   pseudo-code:   if (area->index != index) return -1;
+//                  head = *v;
+//                  if (head == expectnot) return 1;     (a locked slot)
+//                  *v2 = head;                          <- speculative (the caller's node)
+//                  *v = newv;                           <- commit
+//                  return 0;
+//   operands:      area -> %[area], v -> %[v], expectnot -> %[expectnot],
+//                  v2 -> %[v2], newv -> %[newv], index -> %[index],
+//                  %rax descriptor address then head
+//   labels:        start 1, commit "movq %[newv], (%[v])", post-commit 2,
+//                  abort 4 -> C label abort (-1), exit cmpfail (1)
+//   Why no expected head: the head is read inside the section, so no copy
+//   of it can be stale, and the link written before the commit is in the
+//   caller's own node, which nobody reaches before the commit.
+template <index_kind K>
+inline int rseq_cmpnev_trystorev_storev(rseq_area* area, std::intptr_t* v, std::intptr_t expectnot,
+                                        std::intptr_t* v2, std::intptr_t newv, int index) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[cmpfail]\n\t"
+      ".popsection\n\t"
+      "leaq 3b(%%rip), %%rax\n\t"
+      "movq %%rax, %c[cs_offset](%[area])\n\t"
+      "1:\n\t"
+      "cmpl %[index], %c[index_offset](%[area])\n\t"
+      "jne %l[abort]\n\t"
+      "movq (%[v]), %%rax\n\t"
+      "cmpq %[expectnot], %%rax\n\t"
+      "je %l[cmpfail]\n\t"
+      "movq %%rax, (%[v2])\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "movl %[delay], %%ecx\n\t"
+      "5:\n\t"
+      "testl %%ecx, %%ecx\n\t"
+      "jz 6f\n\t"
+      "decl %%ecx\n\t"
+      "jmp 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "cmpl %[index], %c[index_offset](%[area])\n\t"
+      "je 7f\n\t"
+      "ud2\n\t"
+      "7:\n\t"
+#endif
+      "movq %[newv], (%[v])\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
+      ".byte 0x0f, 0xb9, 0x3d\n\t"
+      ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "jmp %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(area), [v] "r"(v), [expectnot] "r"(expectnot), [v2] "r"(v2),
+        [newv] "r"(newv), [index] "r"(index), [cs_offset] "i"(kRseqCsOffset),
         [index_offset] "i"(index_offset<K>())
 #if defined(PERCPU_INJECT_DELAYS)
         , [delay] "r"(inject_delay_loops())
