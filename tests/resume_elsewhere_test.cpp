@@ -28,6 +28,7 @@
 #include "percpu/counter.hpp"
 #include "percpu/cpu.hpp"
 #include "percpu/free_list.hpp"
+#include "percpu/object_pool.hpp"
 #include "percpu/internal/cpu_slots.hpp"
 #include "tests/stress/stress.hpp"
 
@@ -250,6 +251,107 @@ TEST(ResumeElsewhere, CoroutineFreeListLosesNoNode) {
   while (count <= 2 * kNodes && list.pop() != nullptr) ++count;
   EXPECT_EQ(count, kNodes) << "nodes were lost or duplicated";
   EXPECT_EQ(doubled.load(), 0) << "one node was handed to two users at once";
+}
+
+// The thread pointer itself (internal/thread_pointer.hpp), which the inline
+// paths that still go through section_area() read: read after a move, it is
+// the new thread's, never the one from before the move.
+task note_thread_pointers(executor& b, char** before, char** after, done_flag& done) {
+  *before = percpu::internal::thread_pointer();
+  co_await resume_on{b};
+  *after = percpu::internal::thread_pointer();
+  done.set();
+}
+
+TEST(ResumeElsewhere, ThreadPointerIsReadAfterTheMove) {
+  const std::vector<int> cpus = test_cpus(2);
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs to move between";
+  executor a(cpus[0]), b(cpus[1]);
+  char* before = nullptr;
+  char* after = nullptr;
+  char* b_own = nullptr;
+  done_flag noted, done;
+  b.post([&] {
+    b_own = percpu::internal::thread_pointer();
+    noted.set();
+  });
+  noted.wait();
+  a.post([&] { note_thread_pointers(b, &before, &after, done); });
+  done.wait();
+  // a's task may still be inside b.post() (signalling b's condition
+  // variable): a runs its tasks in order, so once this one has run, that
+  // one has returned, and the executors may go.
+  done_flag a_idle;
+  a.post([&] { a_idle.set(); });
+  a_idle.wait();
+  EXPECT_NE(before, after) << "the thread pointer was kept across the move";
+  EXPECT_EQ(after, b_own) << "not the thread the coroutine resumed on";
+}
+
+// object_pool::deallocate() still finds its area through the thread
+// pointer (section_area()), where free_list's and allocate()'s started
+// sections are %fs-relative throughout: a coroutine frees on both sides of
+// each move, so a thread pointer kept across the move would arm the
+// previous thread's area and commit on that thread's CPU, racing the
+// hammers there.
+struct pool_object {
+  std::atomic<std::uint64_t> owner{0};
+  char pad[56];
+};
+
+// Marks `p` as held by a fresh owner; false when another user marked it
+// meanwhile. The caller frees it.
+bool hold(void* p, std::atomic<std::uint64_t>& next_owner) {
+  const std::uint64_t me = next_owner.fetch_add(1);
+  auto* held = static_cast<pool_object*>(p);
+  held->owner.store(me);
+  for (int spin = 0; spin < 16; ++spin) asm volatile("" ::: "memory");
+  return held->owner.load() == me;
+}
+
+// The frees are in the coroutine's own body, on both sides of each move.
+task free_while_moving(percpu::object_pool& pool, executor& a, executor& b, long n,
+                       std::atomic<std::uint64_t>& next_owner, std::atomic<long>& doubled,
+                       done_flag& done) {
+  for (long i = 0; i < n; ++i) {
+    void* p = pool.allocate();
+    if (p != nullptr && !hold(p, next_owner)) doubled.fetch_add(1);
+    pool.deallocate(p);
+    co_await resume_on{b};
+    p = pool.allocate();
+    if (p != nullptr && !hold(p, next_owner)) doubled.fetch_add(1);
+    pool.deallocate(p);
+    co_await resume_on{a};
+  }
+  done.set();
+}
+
+// No object is ever handed to two users at once, and every object carved
+// is back in the pool at the end.
+TEST(ResumeElsewhere, CoroutinePoolHandsNoObjectOutTwice) {
+  const std::vector<int> cpus = test_cpus(2);
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs to move between";
+  percpu::object_pool pool(sizeof(pool_object));
+  std::atomic<long> doubled{0};
+  std::atomic<std::uint64_t> next_owner{1};
+  {
+    executor a(cpus[0]), b(cpus[1]);
+    hammers h(2, cpus[0], [&] {
+      void* p = pool.allocate();
+      if (p != nullptr && !hold(p, next_owner)) doubled.fetch_add(1);
+      pool.deallocate(p);
+    });
+    done_flag done;
+    a.post([&] { free_while_moving(pool, a, b, rounds(), next_owner, doubled, done); });
+    done.wait();
+    // b's last task may still be inside a.post(): once a later one has run,
+    // it has returned, and the executors may go.
+    done_flag b_idle;
+    b.post([&] { b_idle.set(); });
+    b_idle.wait();
+    h.stop();
+  }
+  EXPECT_EQ(doubled.load(), 0) << "one object was handed to two users at once";
 }
 
 // A fiber: its own stack and context, switched in by whichever thread runs
