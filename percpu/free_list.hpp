@@ -42,7 +42,7 @@
 //   hint (internal::cpu_hint()), not a getcpu per operation.
 //
 // Memory
-//   The list itself (128 bytes), plus 16 bytes for each CPU whose threads
+//   The list itself (64 bytes), plus 16 bytes for each CPU whose threads
 //   used it with rseq (that CPU's list head, on percpu's per-CPU memory,
 //   internal/stride_arena.hpp), plus 32 bytes for each thread without rseq
 //   that used it (its own list's head, on percpu's memory laid out by
@@ -85,12 +85,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "percpu/internal/cpu_slots.hpp"
+#include "percpu/internal/cpu_lists.hpp"
 #include "percpu/internal/fork_registry.hpp"
-#include "percpu/internal/rseq_cs.hpp"
 #include "percpu/internal/sanitizers.hpp"
-#include "percpu/internal/side_stack.hpp"
-#include "percpu/internal/thread_slots.hpp"
 
 #pragma GCC visibility push(default)  // exported (see percpu/cpu.hpp)
 namespace percpu {
@@ -127,39 +124,24 @@ class free_list final : private internal::fork_participant {
   free_list_node* take_all() noexcept;
 
   // How many per-CPU lists there are.
-  int slot_count() const noexcept { return slot_count_; }
+  int slot_count() const noexcept { return lists_.count(); }
 
  private:
-  using slot = internal::cpu_slot_words;
-  // CPU `cpu`'s slot: its copy of slots_ on the per-CPU memory.
-  slot* slot_of(int cpu) const noexcept {
-    return internal::stride_copy(slots_, static_cast<unsigned>(cpu));
-  }
   static constexpr int kStealBatch = 16;
 
   void push_slow(free_list_node* node) noexcept;
   free_list_node* pop_slow(bool local_only) noexcept;
-  PERCPU_LOCAL free_list_node* pop_locked(int cpu, int batch, free_list_node** rest_last) noexcept;
-  PERCPU_LOCAL free_list_node* pop_thread_slot(int index, int batch,
-                                               free_list_node** rest_last) noexcept;
-  PERCPU_LOCAL internal::thread_slot* own_thread_slot() noexcept;
-  PERCPU_LOCAL bool push_chain_own(free_list_node* first, free_list_node* last) noexcept;
+  PERCPU_LOCAL free_list_node* steal(int home, bool has_sections) noexcept;
   PERCPU_LOCAL void push_chain_home(free_list_node* first, free_list_node* last) noexcept;
-  PERCPU_LOCAL void to_overflow(free_list_node* first, free_list_node* last) noexcept;
   void before_fork() noexcept override;
   void after_fork(bool child) noexcept override;
 
-  // CPU 0's slot on the per-CPU memory (internal/stride_arena.hpp); CPU c's
-  // is slot_of(c). All zero when made: every list empty, no locker.
-  slot* slots_;
-  int slot_count_;
-  // The lists of threads without rseq, one per thread index on the
-  // thread-index memory (internal::thread_slot_at; a zeroed slot is an empty
-  // list), or nullptr where thread slots are not usable
-  // (internal::thread_slots_usable()) or no memory could be mapped.
-  internal::thread_slot* thread_slots_;
-  internal::side_stack overflow_;
+  // The lists (internal/cpu_lists.hpp): one per possible CPU, one per
+  // thread without rseq, and the overflow stack.
+  internal::cpu_lists lists_;
 };
+static_assert(offsetof(free_list_node, next) == 0,
+              "a node's link is its first word (cpu_lists.hpp)");
 
 // TSan (internal/sanitizers.hpp): push releases the node, and whoever pops
 // it (pop, try_pop_local, take_all) acquires it.
@@ -168,13 +150,13 @@ class free_list final : private internal::fork_participant {
 // out of line.
 inline void free_list::push(free_list_node* node) noexcept {
   PERCPU_TSAN_RELEASE(node);
-  if (__builtin_expect(internal::push_started(slots_, node, node), 1)) return;
+  if (__builtin_expect(lists_.push_started(node, node), 1)) return;
   push_slow(node);
 }
 
 inline free_list_node* free_list::try_pop_local() noexcept {
   std::intptr_t popped = 0;
-  if (__builtin_expect(internal::pop_started(slots_, offsetof(free_list_node, next), &popped), 1)) {
+  if (__builtin_expect(lists_.pop_started(&popped), 1)) {
     PERCPU_TSAN_ACQUIRE(reinterpret_cast<free_list_node*>(popped));
     return reinterpret_cast<free_list_node*>(popped);
   }
@@ -185,7 +167,7 @@ inline free_list_node* free_list::try_pop_local() noexcept {
 
 inline free_list_node* free_list::pop() noexcept {
   std::intptr_t popped = 0;
-  if (__builtin_expect(internal::pop_started(slots_, offsetof(free_list_node, next), &popped), 1)) {
+  if (__builtin_expect(lists_.pop_started(&popped), 1)) {
     PERCPU_TSAN_ACQUIRE(reinterpret_cast<free_list_node*>(popped));
     return reinterpret_cast<free_list_node*>(popped);
   }

@@ -176,18 +176,14 @@ std::vector<item> make_items_on(free_list& list, int n, const std::vector<int>& 
 // without a seam in the library: an explicit instantiation may name a
 // private member ([temp.spec.general]), and the friend it defines hands the
 // pointer out.
-const void* thread_words(const free_list& l);
-template <auto Threads>
-struct expose_free_list_words {
-  friend const void* thread_words(const free_list& l) { return l.*Threads; }
+const internal::cpu_lists& lists_of(const free_list& l);
+template <auto Lists>
+struct expose_free_list_lists {
+  friend const internal::cpu_lists& lists_of(const free_list& l) { return l.*Lists; }
 };
-template struct expose_free_list_words<&free_list::thread_slots_>;
-const void* cpu_words(const free_list& l);
-template <auto Cpus>
-struct expose_free_list_cpu_words {
-  friend const void* cpu_words(const free_list& l) { return l.*Cpus; }
-};
-template struct expose_free_list_cpu_words<&free_list::slots_>;
+template struct expose_free_list_lists<&free_list::lists_>;
+const void* thread_words(const free_list& l) { return lists_of(l).thread_words(); }
+const void* cpu_words(const free_list& l) { return lists_of(l).cpu_words(); }
 
 // Where `words` keeps each of n lists' words.
 std::set<std::uintptr_t> pages_of(const free_list* lists, long n,

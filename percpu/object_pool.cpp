@@ -6,7 +6,6 @@
 #include "percpu/internal/fallback.hpp"
 #include "percpu/internal/nocancel.hpp"
 
-#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -29,7 +28,6 @@ constexpr std::size_t kMaxAlignment = 4096;
 constexpr std::size_t kDefaultCacheBytes = 16384;
 constexpr std::size_t kMinDefaultCapacity = 8;
 constexpr std::size_t kMaxDefaultCapacity = 128;
-constexpr int kLockTries = 3;
 constexpr int kTrimTries = 64;
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
@@ -109,13 +107,6 @@ object_pool::object_pool(const options& opts) {
   chunks_ = nullptr;
   carve_next_ = carve_end_ = nullptr;
   carved_ = 0;
-  overflow_.head = 0;
-  overflow_.consumer = internal::kFlagFree;
-  slot_count_ = max_cpus();
-  // Every copy zero: every CPU's cache empty, its locker free.
-  slots_ = static_cast<slot*>(internal::stride_arena_for(sizeof(slot)).allocate());
-  if (slots_ == nullptr) throw std::bad_alloc();
-  thread_slots_ = internal::new_thread_slot_copies();
   register_for_fork();
   // Cheap now if the program has not started threads yet; see cpu_slots.hpp.
   (void)internal::prepare_remote_fences();
@@ -128,8 +119,6 @@ object_pool::~object_pool() {
     munmap(c, kChunkBytes);
     c = next;
   }
-  internal::delete_thread_slot_copies(thread_slots_);
-  internal::stride_arena_for(sizeof(slot)).deallocate(slots_);
 }
 
 // Waits for every flag while holding the ones already taken: safe by rule
@@ -137,17 +126,13 @@ object_pool::~object_pool() {
 // for anything). The depot comes last only to keep it held for the shortest
 // time, so threads that wait for it (holding nothing) are kept waiting least.
 void object_pool::before_fork() noexcept {
-  internal::wait_for_slot_lockers(slots_, slot_count_);
-  internal::wait_for_consumer(&overflow_);
-  if (thread_slots_ != nullptr) internal::wait_for_thread_slot_lockers(thread_slots_);
+  lists_.before_fork();
   internal::fork_wait_for_flag(&depot_flag_);
 }
 
 void object_pool::after_fork(bool child) noexcept {
   internal::fork_release_flag(&depot_flag_);
-  if (thread_slots_ != nullptr && child) internal::clear_thread_slots_in_child(thread_slots_);
-  internal::release_consumer(&overflow_);
-  if (child) internal::slot_lockers_in_child(slots_, slot_count_);
+  lists_.after_fork(child);
 }
 
 // ---- depot ---------------------------------------------------------------
@@ -190,9 +175,9 @@ bool object_pool::carve_chunk_locked() noexcept {
 }
 
 void object_pool::drain_overflow_locked() noexcept {
-  internal::side_node* chain = internal::side_take_all(&overflow_);
+  node* chain = reinterpret_cast<node*>(lists_.overflow_take_all());
   while (chain != nullptr) {
-    node* n = reinterpret_cast<node*>(chain);
+    node* n = chain;
     chain = chain->next;
     n->next = depot_free_;
     depot_free_ = n;
@@ -245,8 +230,8 @@ object_pool::node* object_pool::depot_take(std::intptr_t want, node** last,
 // when this thread may not wait for the depot and it is busy.
 void object_pool::depot_give(node* first, node* last, std::intptr_t count) noexcept {
   if (!depot_lock()) {
-    internal::side_push(&overflow_, reinterpret_cast<internal::side_node*>(first),
-                        reinterpret_cast<internal::side_node*>(last));
+    lists_.to_overflow(reinterpret_cast<std::intptr_t>(first),
+                       reinterpret_cast<std::intptr_t>(last));
     return;
   }
   last->next = depot_free_;
@@ -278,204 +263,95 @@ std::size_t object_pool::carved_objects() const noexcept {
 }
 
 std::size_t object_pool::cached_on(int cpu) const noexcept {
-  if (cpu < 0 || cpu >= slot_count_) return 0;
-  const std::intptr_t head = __atomic_load_n(&slot_of(cpu)->head, __ATOMIC_RELAXED);
+  if (cpu < 0 || cpu >= lists_.count()) return 0;
+  const std::intptr_t head = lists_.head_of(cpu);
   if (head == internal::kSlotLocked) return 0;
   return static_cast<std::size_t>(depth_of(head));
 }
 
 std::size_t object_pool::cached_by_threads() const noexcept {
   std::size_t sum = 0;
-  for (int i = 0; thread_slots_ != nullptr && i < internal::thread_index_limit(); ++i) {
-    const std::intptr_t head =
-        internal::thread_slot_head(internal::thread_slot_at(thread_slots_, i));
-    sum += static_cast<std::size_t>(depth_of(head));
+  for (int i = 0; i < lists_.thread_limit(); ++i) {
+    sum += static_cast<std::size_t>(depth_of(lists_.thread_head_of(i)));
   }
   return sum;
 }
 
 // ---- caches ----------------------------------------------------------------
 
-// The calling thread's own cache, for a thread without rseq; nullptr when it
-// has none (see internal::thread_index()).
-__attribute__((always_inline)) inline internal::thread_slot*
-object_pool::own_thread_slot() noexcept {
-  if (thread_slots_ == nullptr) return nullptr;
-  // The test seam that sends a thread to the locked per-CPU path keeps it
-  // there, so the mixed stress tests still exercise that protocol.
-  if (internal::t_section_state == internal::section_user::forced_locked) return nullptr;
-  const int index = internal::thread_index();
-  return index >= 0 ? internal::thread_slot_at(thread_slots_, index) : nullptr;
-}
-
-// Owner operations on the thread's own cache: the same list format as a
-// CPU's cache (depths counted from the bottom, ending in nullptr). Each returns
-// nothing done (nullptr / false) when the cache is empty or full, or when it
-// cannot be entered (revoked, or this is a handler nested in an owner step).
-__attribute__((always_inline)) inline object_pool::node* object_pool::pop_own(
-    internal::thread_slot* own) noexcept {
-  if (!internal::thread_slot_enter(own)) return nullptr;
-  const std::intptr_t head = internal::thread_slot_head(own);
-  node* n = nullptr;
-  if (head != 0) {
-    n = reinterpret_cast<node*>(head);
-    internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(n->next));
+// Objects on their way to the depot, linked first..last (last's next is
+// nullptr).
+struct object_pool::spill_batch {
+  node* first = nullptr;
+  node* last = nullptr;
+  std::intptr_t count = 0;
+  void push_front(node* x) noexcept {
+    x->next = first;
+    first = x;
+    if (last == nullptr) last = x;
+    ++count;
   }
-  internal::thread_slot_leave(own);
-  return n;
-}
+};
 
-__attribute__((always_inline)) inline bool object_pool::push_own(internal::thread_slot* own,
-                                                                 node* n) noexcept {
-  if (!internal::thread_slot_enter(own)) return false;
-  const std::intptr_t head = internal::thread_slot_head(own);
-  const std::intptr_t depth = depth_of(head);
-  const bool fits = depth < capacity_;
-  if (fits) {
-    n->next = reinterpret_cast<node*>(head);
-    n->depth = depth + 1;
-    internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(n));
-  }
-  internal::thread_slot_leave(own);
-  return fits;
-}
-
-bool object_pool::push_chain_own(internal::thread_slot* own, node* first, node* last,
-                                 std::intptr_t count) noexcept {
-  if (!internal::thread_slot_enter(own)) return false;
-  const std::intptr_t head = internal::thread_slot_head(own);
-  const std::intptr_t below = depth_of(head);
-  const bool fits = below + count <= capacity_;
-  if (fits) {
-    std::intptr_t depth = below + count;
-    for (node* x = first; depth > below; x = x->next) x->depth = depth--;
-    last->next = reinterpret_cast<node*>(head);
-    internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(first));
-  }
-  internal::thread_slot_leave(own);
-  return fits;
-}
-
-// Puts first..last (count objects) on the calling CPU's cache in one step, if
-// they fit. False: nothing was put there.
+// Puts first..last (count objects) on the calling thread's cache in one step
+// (internal/cpu_lists.hpp, the ladder), if they fit. False: nothing was put
+// there.
 bool object_pool::push_chain_home(node* first, node* last, std::intptr_t count) noexcept {
   using internal::index_kind;
   auto set_depths = [&](std::intptr_t below) {
+    last->next = nullptr;
     std::intptr_t depth = below + count;
     for (node* x = first; x != nullptr && depth > below; x = x->next) x->depth = depth--;
   };
-  if (internal::rseq_area* area = internal::section_area()) {
-    for (int tries = 0; tries < internal::kSectionTries; ++tries) {
-      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) return false;
-      std::intptr_t* head = &slot_of(cpu)->head;
-      const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
-      if (expect == internal::kSlotLocked) return false;
-      const std::intptr_t depth = depth_of(expect);
-      if (depth + count > capacity_) return false;
-      last->next = nullptr;
-      set_depths(depth);
-      last->next = reinterpret_cast<node*>(expect);
-      if (internal::rseq_cmpeqv_cmpeqv_storev<index_kind::cpu_id>(
-              area, head, expect, depth_word(expect), depth, reinterpret_cast<std::intptr_t>(first),
-              cpu) == 0) {
+  const bool pushed = lists_.at_home(
+      internal::section_area(),
+      [&](internal::rseq_area* area) {
+        for (int tries = 0; tries < internal::kSectionTries; ++tries) {
+          const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+          if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(lists_.count())) return false;
+          std::intptr_t* head = &lists_.slot_of(cpu)->head;
+          const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
+          if (expect == internal::kSlotLocked) return false;
+          const std::intptr_t depth = depth_of(expect);
+          if (depth + count > capacity_) return false;
+          set_depths(depth);
+          last->next = reinterpret_cast<node*>(expect);
+          if (internal::rseq_cmpeqv_cmpeqv_storev<index_kind::cpu_id>(
+                  area, head, expect, depth_word(expect), depth,
+                  reinterpret_cast<std::intptr_t>(first), cpu) == 0) {
+            return true;
+          }
+        }
+        return false;
+      },
+      [&](std::intptr_t* head) {
+        const std::intptr_t depth = depth_of(*head);
+        if (depth + count > capacity_) return false;
+        set_depths(depth);
+        last->next = reinterpret_cast<node*>(*head);
+        *head = reinterpret_cast<std::intptr_t>(first);
         return true;
-      }
-    }
-    last->next = nullptr;
-    return false;
-  }
-  if (internal::thread_slot* own = own_thread_slot()) {
-    if (push_chain_own(own, first, last, count)) return true;
-  }
-  const int cpu = internal::cpu_hint() % slot_count_;
-  std::intptr_t head = 0;
-  if (internal::lock_slot(slot_of(cpu), cpu, &head) != internal::lock_result::acquired) {
-    return false;
-  }
-  const std::intptr_t depth = depth_of(head);
-  if (depth + count > capacity_) {
-    internal::unlock_slot(slot_of(cpu), head);
-    return false;
-  }
-  last->next = nullptr;
-  set_depths(depth);
-  last->next = reinterpret_cast<node*>(head);
-  internal::unlock_slot(slot_of(cpu), reinterpret_cast<std::intptr_t>(first));
-  return true;
-}
-
-object_pool::node* object_pool::pop_home_locked(int cpu) noexcept {
-  for (int tries = 0; tries < kLockTries; ++tries) {
-    std::intptr_t head = 0;
-    const internal::lock_result r = internal::lock_slot(slot_of(cpu), cpu, &head);
-    if (r == internal::lock_result::refused) return nullptr;
-    if (r == internal::lock_result::busy) continue;
-    if (head == 0) {
-      internal::unlock_slot(slot_of(cpu), head);
-      return nullptr;
-    }
-    node* n = reinterpret_cast<node*>(head);
-    internal::unlock_slot(slot_of(cpu), reinterpret_cast<std::intptr_t>(n->next));
-    return n;
-  }
-  return nullptr;
-}
-
-// A thread without rseq frees into its fallback CPU's cache under the lock;
-// a full cache first sheds a batch from its top (the depths below stay
-// right, since they count from the bottom). False: n was not taken.
-bool object_pool::push_home_locked(int cpu, node* n) noexcept {
-  for (int tries = 0; tries < kLockTries; ++tries) {
-    std::intptr_t head = 0;
-    const internal::lock_result r = internal::lock_slot(slot_of(cpu), cpu, &head);
-    if (r == internal::lock_result::refused) return false;
-    if (r == internal::lock_result::busy) continue;
-    node* spill_first = nullptr;
-    node* spill_last = nullptr;
-    std::intptr_t spilled = 0;
-    if (depth_of(head) >= capacity_) {
-      spill_first = reinterpret_cast<node*>(head);
-      spill_last = spill_first;
-      for (spilled = 1; spilled < batch_; ++spilled) spill_last = spill_last->next;
-      head = reinterpret_cast<std::intptr_t>(spill_last->next);
-      spill_last->next = nullptr;
-    }
-    n->next = reinterpret_cast<node*>(head);
-    n->depth = depth_of(head) + 1;
-    internal::unlock_slot(slot_of(cpu), reinterpret_cast<std::intptr_t>(n));
-    if (spill_first != nullptr) depot_give(spill_first, spill_last, spilled);
-    return true;
-  }
-  return false;
+      });
+  if (!pushed) last->next = nullptr;
+  return pushed;
 }
 
 // Where the started section did not pop: this CPU's cache again, or a
-// thread without rseq's own cache, kept apart from the refill so that those
-// common cases pay for no more than a call.
+// thread without rseq's own cache or its hint CPU's (the ladder), then the
+// refill, kept apart so that those common cases pay for no more than a call.
 void* object_pool::allocate_slow() noexcept {
-  internal::rseq_area* area = internal::section_area();
-  if (area != nullptr) {
-    // The started section aborted (try again, a bounded number of times),
-    // or found the cache empty or locked (then this fails at once too).
-    std::intptr_t popped = 0;
-    if (internal::pop_local_head(area, slots_, slot_count_, offsetof(node, next), &popped)) {
-      if (checks_) check_allocate(reinterpret_cast<void*>(popped));
-      return reinterpret_cast<void*>(popped);
-    }
-  } else if (internal::thread_slot* own = own_thread_slot()) {
-    if (node* n = pop_own(own)) {
-      if (checks_) check_allocate(n);
-      return n;
-    }
+  // The started section aborted (the ladder tries again, a bounded number
+  // of times), or found the cache empty or locked (then this fails at once
+  // too); or the thread has no rseq.
+  if (const std::intptr_t popped = lists_.pop_home(internal::section_area())) {
+    if (checks_) check_allocate(reinterpret_cast<void*>(popped));
+    return reinterpret_cast<void*>(popped);
   }
-  return allocate_refill(area != nullptr);
+  return allocate_refill();
 }
 
-void* object_pool::allocate_refill(bool has_sections) noexcept {
-  node* result = nullptr;
-  if (!has_sections) result = pop_home_locked(internal::cpu_hint() % slot_count_);
-  if (result == nullptr) result = reinterpret_cast<node*>(internal::side_pop(&overflow_));
+void* object_pool::allocate_refill() noexcept {
+  node* result = reinterpret_cast<node*>(lists_.overflow_pop());
   if (result == nullptr) {
     // A handler that interrupted a flag holder on this thread, with the depot
     // busy: waiting could deadlock (cpu_slots.hpp, R1), so report nothing.
@@ -495,111 +371,86 @@ void* object_pool::allocate_refill(bool has_sections) noexcept {
   return result;
 }
 
+// Where the inline section did not push n: the cache is full, locked, or
+// sections kept aborting; or the thread has no rseq. A thread without rseq
+// whose own cache has room is the common case, kept apart from the spill so
+// that it pays for no more than a call.
 void object_pool::deallocate_slow(node* n, bool has_sections) noexcept {
-  if (!has_sections) {
-    if (internal::thread_slot* own = own_thread_slot()) {
-      if (push_own(own, n)) return;
-    }
+  if (!has_sections && lists_.on_own_list([&](std::intptr_t* head) {
+        const std::intptr_t depth = depth_of(*head);
+        if (depth >= capacity_) return false;
+        n->next = reinterpret_cast<node*>(*head);
+        n->depth = depth + 1;
+        *head = reinterpret_cast<std::intptr_t>(n);
+        return true;
+      })) {
+    return;
   }
   deallocate_spill(n, has_sections);
 }
 
+// With rseq, the top batch and n go to the depot, so the next frees are
+// local again. Without, n goes on the thread's own cache or its hint CPU's
+// (the ladder), a full one shedding its top batch to the depot first (the
+// depths below stay right, since they count from the bottom); on the depot
+// when neither can be had now. The depot is only reached once no list is
+// held (R1).
 void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
+  spill_batch spill;
+  const bool cached = lists_.at_home(
+      has_sections ? internal::section_area() : nullptr,
+      [&](internal::rseq_area* area) {
+        spill_in_sections(area, &spill);
+        return false;
+      },
+      [&](std::intptr_t* head) {
+        if (depth_of(*head) >= capacity_) shed_batch(head, &spill);
+        n->next = reinterpret_cast<node*>(*head);
+        n->depth = depth_of(*head) + 1;
+        *head = reinterpret_cast<std::intptr_t>(n);
+        return true;
+      });
+  if (!cached) spill.push_front(n);
+  if (spill.count > 0) depot_give(spill.first, spill.last, spill.count);
+}
+
+// Moves the top batch of the list whose head is *head, held exclusively,
+// onto *spill.
+void object_pool::shed_batch(std::intptr_t* head, spill_batch* spill) noexcept {
+  while (spill->count < batch_ && *head != 0) {
+    node* x = reinterpret_cast<node*>(*head);
+    *head = reinterpret_cast<std::intptr_t>(x->next);
+    spill->push_front(x);
+  }
+}
+
+// Pops up to a batch from the calling CPU's cache, one section each, onto
+// *spill; stops at an empty or locked cache, or after kSectionTries aborts.
+void object_pool::spill_in_sections(internal::rseq_area* area, spill_batch* spill) noexcept {
   using internal::index_kind;
-  if (internal::rseq_area* area = has_sections ? internal::section_area() : nullptr) {
-    // The cache is full (or locked, or sections kept aborting): move the top
-    // batch and n to the depot, so the next frees are local again.
-    node* first = n;
-    node* last = n;
-    std::intptr_t count = 1;
-    n->next = nullptr;
-    int failures = 0;
-    while (count <= batch_ && failures < internal::kSectionTries) {
-      const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
-      std::intptr_t popped = 0;
-      const int rc = internal::rseq_cmpabovev_storeoffp_load<index_kind::cpu_id>(
-          area, &slot_of(cpu)->head, internal::kSlotLocked, offsetof(node, next), &popped, cpu);
-      if (rc == 1) break;  // empty, or locked
-      if (rc < 0) {
-        ++failures;
-        continue;
-      }
-      node* x = reinterpret_cast<node*>(popped);
-      x->next = first;
-      first = x;
-      ++count;
+  int failures = 0;
+  while (spill->count < batch_ && failures < internal::kSectionTries) {
+    const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
+    if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(lists_.count())) break;
+    std::intptr_t popped = 0;
+    const int rc = internal::rseq_cmpabovev_storeoffp_load<index_kind::cpu_id>(
+        area, &lists_.slot_of(cpu)->head, internal::kSlotLocked, offsetof(node, next), &popped,
+        cpu);
+    if (rc == 1) break;  // empty, or locked
+    if (rc < 0) {
+      ++failures;
+      continue;
     }
-    depot_give(first, last, count);
-    return;
+    spill->push_front(reinterpret_cast<node*>(popped));
   }
-  if (internal::thread_slot* own = own_thread_slot()) {
-    // Full (deallocate_slow tried it): move the top batch to the depot, so
-    // the next frees are local.
-    if (internal::thread_slot_enter(own)) {
-      node* first = nullptr;
-      node* last = nullptr;
-      std::intptr_t count = 0;
-      std::intptr_t head = internal::thread_slot_head(own);
-      while (count < batch_ && head != 0) {
-        node* x = reinterpret_cast<node*>(head);
-        head = reinterpret_cast<std::intptr_t>(x->next);
-        x->next = nullptr;
-        if (last == nullptr)
-          first = x;
-        else
-          last->next = x;
-        last = x;
-        ++count;
-      }
-      internal::set_thread_slot_head(own, head);
-      internal::thread_slot_leave(own);
-      if (count > 0) depot_give(first, last, count);
-      if (push_own(own, n)) return;
-    }
-  }
-  if (push_home_locked(internal::cpu_hint() % slot_count_, n)) return;
-  n->next = nullptr;
-  depot_give(n, n, 1);
 }
 
 std::size_t object_pool::trim() noexcept {
   std::size_t moved = 0;
-  for (int cpu = 0; cpu < slot_count_; ++cpu) {
-    // Peek first: an empty cache is not worth a lock, and a CPU that never
-    // touched the pool keeps its page unfilled.
-    if (__atomic_load_n(&slot_of(cpu)->head, __ATOMIC_RELAXED) == 0) continue;
-    for (int tries = 0; tries < kTrimTries; ++tries) {
-      std::intptr_t head = 0;
-      const internal::lock_result r = internal::lock_slot(slot_of(cpu), cpu, &head);
-      if (r == internal::lock_result::refused) break;
-      if (r == internal::lock_result::busy) {
-        sched_yield();
-        continue;
-      }
-      internal::unlock_slot(slot_of(cpu), 0);
-      moved += depot_give_list(reinterpret_cast<node*>(head));
-      break;
-    }
-  }
-  for (int i = 0; thread_slots_ != nullptr && i < internal::thread_index_limit(); ++i) {
-    internal::thread_slot* ts = internal::thread_slot_at(thread_slots_, i);
-    if (internal::thread_slot_head(ts) == 0) continue;
-    for (int tries = 0; tries < kTrimTries; ++tries) {
-      const internal::lock_result r = internal::lock_thread_slot(ts);
-      if (r == internal::lock_result::refused) break;
-      if (r == internal::lock_result::busy) {
-        sched_yield();
-        continue;
-      }
-      const std::intptr_t head = internal::thread_slot_head(ts);
-      internal::set_thread_slot_head(ts, 0);
-      internal::unlock_thread_slot(ts);
-      moved += depot_give_list(reinterpret_cast<node*>(head));
-      break;
-    }
-  }
-  if (internal::side_node* chain = internal::side_take_all(&overflow_)) {
+  lists_.drain(kTrimTries, [&](std::intptr_t head) {
+    moved += depot_give_list(reinterpret_cast<node*>(head));
+  });
+  if (const std::intptr_t chain = lists_.overflow_take_all()) {
     moved += depot_give_list(reinterpret_cast<node*>(chain));
   }
   return moved;

@@ -50,7 +50,7 @@
 //   deallocate(nullptr) does nothing.
 //
 // Memory
-//   The pool itself (256 bytes), plus 16 bytes for each CPU whose threads
+//   The pool itself (192 bytes), plus 16 bytes for each CPU whose threads
 //   used it with rseq (that CPU's cache's head, on percpu's per-CPU memory,
 //   internal/stride_arena.hpp: a CPU that never touches a pool costs it
 //   nothing, so a possible list of 0-4095 costs what 0-1 does), plus 32
@@ -98,12 +98,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "percpu/internal/cpu_slots.hpp"
+#include "percpu/internal/cpu_lists.hpp"
 #include "percpu/internal/fork_registry.hpp"
-#include "percpu/internal/rseq_cs.hpp"
 #include "percpu/internal/sanitizers.hpp"
-#include "percpu/internal/side_stack.hpp"
-#include "percpu/internal/thread_slots.hpp"
 
 #pragma GCC visibility push(default)  // exported (see percpu/cpu.hpp)
 namespace percpu {
@@ -149,7 +146,7 @@ class object_pool final : private internal::fork_participant {
   std::size_t alignment() const noexcept { return alignment_; }
   std::size_t cache_capacity() const noexcept { return static_cast<std::size_t>(capacity_); }
   std::size_t batch() const noexcept { return static_cast<std::size_t>(batch_); }
-  int slot_count() const noexcept { return slot_count_; }
+  int slot_count() const noexcept { return lists_.count(); }
   // Objects in the depot's free list right now.
   std::size_t depot_objects() const noexcept;
   // Objects carved from chunks so far (allocated, cached or in the depot).
@@ -171,12 +168,9 @@ class object_pool final : private internal::fork_participant {
     node* next;
     std::intptr_t depth;
   };
+  static_assert(offsetof(node, next) == 0, "a node's link is its first word (cpu_lists.hpp)");
   struct chunk;
-  using slot = internal::cpu_slot_words;
-  // CPU `cpu`'s slot: its copy of slots_ on the per-CPU memory.
-  slot* slot_of(int cpu) const noexcept {
-    return internal::stride_copy(slots_, static_cast<unsigned>(cpu));
-  }
+  struct spill_batch;
 
   // The depth of an empty cache. Caches end in nullptr (so that a zeroed head
   // is an empty cache), and the word a push compares for the depth below it
@@ -203,16 +197,13 @@ class object_pool final : private internal::fork_participant {
   // slow path of a thread without rseq does not ask again.
   void* allocate_slow() noexcept;
   void deallocate_slow(node* n, bool has_sections) noexcept;
-  PERCPU_LOCAL __attribute__((noinline)) void* allocate_refill(bool has_sections) noexcept;
+  PERCPU_LOCAL __attribute__((noinline)) void* allocate_refill() noexcept;
   PERCPU_LOCAL __attribute__((noinline)) void deallocate_spill(node* n, bool has_sections) noexcept;
+  PERCPU_LOCAL __attribute__((noinline)) void spill_in_sections(internal::rseq_area* area,
+                                                                spill_batch* spill) noexcept;
   PERCPU_LOCAL bool push_chain_home(node* first, node* last, std::intptr_t count) noexcept;
-  PERCPU_LOCAL node* pop_home_locked(int cpu) noexcept;
-  PERCPU_LOCAL bool push_home_locked(int cpu, node* n) noexcept;
-  PERCPU_LOCAL internal::thread_slot* own_thread_slot() noexcept;
-  PERCPU_LOCAL node* pop_own(internal::thread_slot* own) noexcept;
-  PERCPU_LOCAL bool push_own(internal::thread_slot* own, node* n) noexcept;
-  PERCPU_LOCAL bool push_chain_own(internal::thread_slot* own, node* first, node* last,
-                                   std::intptr_t count) noexcept;
+  PERCPU_LOCAL __attribute__((noinline)) void shed_batch(std::intptr_t* head,
+                                                         spill_batch* spill) noexcept;
   PERCPU_LOCAL bool depot_lock() noexcept;
   PERCPU_LOCAL void depot_unlock() noexcept;
   PERCPU_LOCAL node* depot_take(std::intptr_t want, node** last, std::intptr_t* got) noexcept;
@@ -226,15 +217,11 @@ class object_pool final : private internal::fork_participant {
   void after_fork(bool child) noexcept override;
 
   // Read-mostly, shared by every CPU.
-  // CPU 0's slot on the per-CPU memory (internal/stride_arena.hpp); CPU c's
-  // is slot_of(c). All zero when made: every list empty, no locker.
-  slot* slots_;
-  int slot_count_;
-  // The caches of threads without rseq, one per thread index on the
-  // thread-index memory (internal::thread_slot_at; a zeroed slot is an empty
-  // cache), or nullptr where thread slots are not usable
-  // (internal::thread_slots_usable()) or no memory could be mapped.
-  internal::thread_slot* thread_slots_;
+  // The caches (internal/cpu_lists.hpp): one per possible CPU, one per
+  // thread without rseq, and the overflow stack: objects freed by a thread
+  // that could reach neither its cache nor the depot (a handler
+  // interrupting depot work on its own thread).
+  internal::cpu_lists lists_;
   std::intptr_t capacity_;
   std::intptr_t batch_;
   bool checks_;
@@ -250,9 +237,6 @@ class object_pool final : private internal::fork_participant {
   char* carve_next_;
   char* carve_end_;
   std::size_t carved_;
-  // Objects freed by a thread that could reach neither its cache nor the
-  // depot (a handler interrupting depot work on its own thread).
-  internal::side_stack overflow_;
 };
 
 // TSan (internal/sanitizers.hpp): deallocate releases the object after its
@@ -262,7 +246,7 @@ class object_pool final : private internal::fork_participant {
 // started form"); anything else goes out of line.
 inline void* object_pool::allocate() noexcept {
   std::intptr_t popped = 0;
-  if (__builtin_expect(internal::pop_started(slots_, offsetof(node, next), &popped), 1)) {
+  if (__builtin_expect(lists_.pop_started(&popped), 1)) {
     void* p = reinterpret_cast<void*>(popped);
     PERCPU_TSAN_ACQUIRE(p);
     if (__builtin_expect(checks_, 0)) check_allocate(p);
@@ -282,8 +266,8 @@ inline void object_pool::deallocate(void* p) noexcept {
   if (__builtin_expect(area != nullptr, 1)) {
     for (int tries = 0; tries < internal::kSectionTries; ++tries) {
       const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_)) break;
-      std::intptr_t* head = &slot_of(cpu)->head;
+      if (static_cast<unsigned>(cpu) >= static_cast<unsigned>(lists_.count())) break;
+      std::intptr_t* head = &lists_.slot_of(cpu)->head;
       const std::intptr_t expect = __atomic_load_n(head, __ATOMIC_RELAXED);
       if (expect == internal::kSlotLocked) break;
       // Read outside the section, so it may be stale; the section re-checks

@@ -115,18 +115,14 @@ void expect_all_home(object_pool& pool) {
 // Where a pool's thread caches are (thread index 0's copy; nullptr where
 // thread slots are not usable) and its CPUs' caches' heads (CPU 0's copy),
 // read without a seam in the library (see free_list_test.cpp).
-const void* thread_words(const object_pool& p);
-template <auto Threads>
-struct expose_pool_words {
-  friend const void* thread_words(const object_pool& p) { return p.*Threads; }
+const internal::cpu_lists& lists_of(const object_pool& p);
+template <auto Lists>
+struct expose_object_pool_lists {
+  friend const internal::cpu_lists& lists_of(const object_pool& p) { return p.*Lists; }
 };
-template struct expose_pool_words<&object_pool::thread_slots_>;
-const void* cpu_words(const object_pool& p);
-template <auto Cpus>
-struct expose_pool_cpu_words {
-  friend const void* cpu_words(const object_pool& p) { return p.*Cpus; }
-};
-template struct expose_pool_cpu_words<&object_pool::slots_>;
+template struct expose_object_pool_lists<&object_pool::lists_>;
+const void* thread_words(const object_pool& p) { return lists_of(p).thread_words(); }
+const void* cpu_words(const object_pool& p) { return lists_of(p).cpu_words(); }
 
 // Memory per instance (object_pool.hpp, "Memory"): 1,000 pools, each used
 // once by this thread, kept on one CPU, take that CPU's head (16 bytes,

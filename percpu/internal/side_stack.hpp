@@ -24,7 +24,11 @@ struct side_node {
   side_node* next;
 };
 
-struct alignas(64) side_stack {
+// Not on a line of its own: it is the structures' rare path (a list locked
+// by another thread, a depot busy under a signal handler), so sharing the
+// line of their read-mostly words costs the hot paths a miss only after it
+// was used, and keeps every free_list within one line (cpu_lists.hpp).
+struct side_stack {
   std::intptr_t head;  // side_node*, 0 when empty; atomics only
   int consumer;        // a flag (cpu_slots.hpp)
 };

@@ -1,0 +1,328 @@
+// Tests for the per-CPU list (cpu_lists.hpp): new lists are empty; the
+// ladder's steps in order (the thread's own list, then its hint CPU's under
+// the lock, then nothing), without waiting for a lock another frame holds
+// and without touching a list it may not fence; remote takes cut exactly a
+// batch; drain empties every list it can lock and leaves a busy one whole;
+// the overflow stack; and fork, in the child and with a lock the forking
+// thread's own frame holds. The mode variants (.glibc, .own, .fallback) run
+// it with and without rseq.
+
+#include "percpu/internal/cpu_lists.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include "percpu/cpu.hpp"
+#include "tests/stress/stress.hpp"
+
+namespace percpu {
+namespace internal {
+namespace {
+
+namespace stress = percpu::stress;
+
+struct node {
+  node* next;
+  int id;
+};
+
+std::intptr_t word(node* n) { return reinterpret_cast<std::intptr_t>(n); }
+node* as_node(std::intptr_t w) { return reinterpret_cast<node*>(w); }
+
+// A failing section, for the steps of a thread without rseq (area nullptr
+// never runs it: a call here is a test failure).
+bool no_section(rseq_area*) {
+  ADD_FAILURE() << "at_home ran the section step for a thread without an area";
+  return false;
+}
+
+// Links nodes[0..n) into one chain, nodes[0] on top.
+void link(std::vector<node>& nodes) {
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    nodes[i].id = static_cast<int>(i);
+    nodes[i].next = i + 1 < nodes.size() ? &nodes[i + 1] : nullptr;
+  }
+}
+
+std::vector<int> ids_of(std::intptr_t head) {
+  std::vector<int> ids;
+  for (node* n = as_node(head); n != nullptr; n = n->next) ids.push_back(n->id);
+  return ids;
+}
+
+// Puts per_cpu[c], linked, on CPU c's list, as a remote thread does: under
+// the lock. False when a lock was not acquired.
+bool fill_every_cpu_list(cpu_lists& lists, std::vector<std::vector<node>>& per_cpu) {
+  for (int cpu = 0; cpu < lists.count(); ++cpu) {
+    link(per_cpu[cpu]);
+    std::intptr_t head = 0;
+    if (lock_slot(lists.slot_of(cpu), cpu, &head) != lock_result::acquired) return false;
+    unlock_slot(lists.slot_of(cpu), word(&per_cpu[cpu][0]));
+  }
+  return true;
+}
+
+bool fence_missing() { return sections_status() == sections::on && !slot_fence_available(); }
+
+// Every list of a new instance is empty, and stays so where nothing was
+// pushed: nothing pops from nowhere.
+TEST(CpuListsTest, NewListsAreEmpty) {
+  cpu_lists lists;
+  EXPECT_EQ(lists.count(), max_cpus());
+  for (int cpu = 0; cpu < lists.count(); ++cpu) EXPECT_EQ(lists.head_of(cpu), 0) << cpu;
+  for (int i = 0; i < lists.thread_limit(); ++i) EXPECT_EQ(lists.thread_head_of(i), 0) << i;
+  EXPECT_EQ(lists.pop_home(section_area()), 0);
+  EXPECT_EQ(lists.overflow_pop(), 0);
+  int handed = 0;
+  lists.drain(kListLockTries, [&](std::intptr_t) { ++handed; });
+  EXPECT_EQ(handed, 0);
+}
+
+// On one CPU, whatever the mode, the ladder's push and pop are one LIFO
+// list: a chain pushed comes back top first, then what was under it.
+TEST(CpuListsTest, PushHomeAndPopHomeAreOneStackOnOneCpu) {
+  const stress::affinity_guard restore;
+  ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
+  cpu_lists lists;
+  std::vector<node> nodes(5);
+  link(nodes);
+  rseq_area* area = section_area();
+  ASSERT_TRUE(lists.push_home(area, word(&nodes[3]), word(&nodes[4])));
+  nodes[2].next = nullptr;
+  ASSERT_TRUE(lists.push_home(area, word(&nodes[0]), word(&nodes[2])));
+  std::vector<int> popped;
+  while (const std::intptr_t n = lists.pop_home(area)) popped.push_back(as_node(n)->id);
+  EXPECT_EQ(popped, (std::vector<int>{0, 1, 2, 3, 4}));
+}
+
+// A thread without rseq (area nullptr): step 2 is its own list, so what
+// `exclusive` leaves in the head is that list, and no CPU's list changes.
+TEST(CpuListsTest, WithoutAnAreaTheOwnListComesFirst) {
+  if (!thread_slots_usable()) GTEST_SKIP() << "no thread slots in this process: step 2 is absent";
+  cpu_lists lists;
+  ASSERT_NE(lists.own_thread_slot(), nullptr);
+  node n{nullptr, 7};
+  int calls = 0;
+  EXPECT_TRUE(lists.at_home(nullptr, no_section, [&](std::intptr_t* head) {
+    ++calls;
+    EXPECT_EQ(*head, 0);
+    *head = word(&n);
+    return true;
+  }));
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(lists.thread_head_of(thread_index()), word(&n));
+  for (int cpu = 0; cpu < lists.count(); ++cpu) EXPECT_EQ(lists.head_of(cpu), 0) << cpu;
+}
+
+// Step 2 declined (its `exclusive` answered false), the ladder goes on to
+// the hint CPU's list under the lock, and a second false ends it. The
+// locked step's head change is what that CPU's list holds afterwards.
+TEST(CpuListsTest, DeclinedOwnListGoesOnToTheHintCpuUnderTheLock) {
+  if (fence_missing()) GTEST_SKIP() << "sections run and membarrier cannot fence: no lock";
+  cpu_lists lists;
+  node n{nullptr, 9};
+  std::vector<bool> own_step;
+  const bool has_own = lists.own_thread_slot() != nullptr;
+  EXPECT_TRUE(lists.at_home(nullptr, no_section, [&](std::intptr_t* head) {
+    own_step.push_back(own_step.empty() && has_own);
+    if (own_step.back()) return false;  // decline the own list
+    *head = word(&n);
+    return true;
+  }));
+  EXPECT_EQ(own_step.size(), has_own ? 2u : 1u);
+  // The hint CPU's list (which CPU that is may change with a migration):
+  // exactly one list holds n.
+  int hint = -1;
+  for (int cpu = 0; cpu < lists.count(); ++cpu) {
+    if (lists.head_of(cpu) == 0) continue;
+    EXPECT_EQ(hint, -1) << "two CPUs' lists changed";
+    EXPECT_EQ(lists.head_of(cpu), word(&n));
+    hint = cpu;
+  }
+  ASSERT_NE(hint, -1) << "the locked step wrote no list";
+  if (has_own) {
+    EXPECT_EQ(lists.thread_head_of(thread_index()), 0);
+  }
+
+  int calls = 0;
+  EXPECT_FALSE(lists.at_home(nullptr, no_section, [&](std::intptr_t*) {
+    ++calls;
+    return false;
+  }));
+  EXPECT_EQ(calls, has_own ? 2 : 1);
+  EXPECT_EQ(lists.head_of(hint), word(&n)) << "a declined step changed the list";
+}
+
+// The hint CPU's list locked by a frame of this very thread (a signal
+// handler that interrupted a locker is this case): the ladder must not wait
+// for it, and must not run `exclusive` on it. Every CPU's list is locked,
+// so whichever the hint names is.
+TEST(CpuListsTest, ALockThisThreadHoldsIsNotWaitedFor) {
+  if (fence_missing()) GTEST_SKIP() << "sections run and membarrier cannot fence: no lock";
+  cpu_lists lists;
+  force_locked_path_for_this_thread(true);  // no own list: straight to step 3
+  std::vector<std::intptr_t> held(lists.count());
+  for (int cpu = 0; cpu < lists.count(); ++cpu) {
+    ASSERT_EQ(lock_slot(lists.slot_of(cpu), cpu, &held[cpu]), lock_result::acquired);
+  }
+  int calls = 0;
+  EXPECT_FALSE(lists.at_home(nullptr, no_section, [&](std::intptr_t*) {
+    ++calls;
+    return true;
+  }));
+  EXPECT_EQ(calls, 0);
+  for (int cpu = 0; cpu < lists.count(); ++cpu) unlock_slot(lists.slot_of(cpu), held[cpu]);
+  EXPECT_TRUE(lists.at_home(nullptr, no_section, [&](std::intptr_t*) {
+    ++calls;
+    return true;
+  }));
+  EXPECT_EQ(calls, 1);
+  force_locked_path_for_this_thread(false);
+}
+
+// Sections may run and there is no fence: the locked step is refused, so a
+// thread on the locked path never touches a CPU's list (cpu_slots.hpp).
+TEST(CpuListsTest, NoFenceNoLockedStep) {
+  if (sections_status() != sections::on) GTEST_SKIP() << "no sections in this process";
+  cpu_lists lists;
+  (void)mark_section_user();
+  simulate_missing_membarrier(true);
+  force_locked_path_for_this_thread(true);
+  int calls = 0;
+  const bool done = lists.at_home(nullptr, no_section, [&](std::intptr_t*) {
+    ++calls;
+    return true;
+  });
+  force_locked_path_for_this_thread(false);
+  simulate_missing_membarrier(false);
+  EXPECT_FALSE(done);
+  EXPECT_EQ(calls, 0);
+}
+
+// take_from_cpu and take_from_thread cut exactly `batch` nodes from the top
+// (or the whole list when shorter), end the batch in 0, and leave the rest.
+TEST(CpuListsTest, RemoteTakesCutABatchFromTheTop) {
+  if (fence_missing()) GTEST_SKIP() << "sections run and membarrier cannot fence: no lock";
+  cpu_lists lists;
+  std::vector<node> nodes(6);
+  link(nodes);
+  const int cpu = lists.count() - 1;
+  std::intptr_t head = 0;
+  ASSERT_EQ(lock_slot(lists.slot_of(cpu), cpu, &head), lock_result::acquired);
+  unlock_slot(lists.slot_of(cpu), word(&nodes[0]));
+  std::intptr_t last = 0;
+  const std::intptr_t first = lists.take_from_cpu(cpu, 4, &last);
+  EXPECT_EQ(ids_of(first), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(last, word(&nodes[3]));
+  EXPECT_EQ(ids_of(lists.head_of(cpu)), (std::vector<int>{4, 5}));
+  EXPECT_EQ(ids_of(lists.take_from_cpu(cpu, 16, &last)), (std::vector<int>{4, 5}));
+  EXPECT_EQ(lists.head_of(cpu), 0);
+  EXPECT_EQ(lists.take_from_cpu(cpu, 16, &last), 0) << "an empty list gave a node";
+
+  if (!thread_slots_usable()) return;
+  link(nodes);
+  ASSERT_TRUE(lists.at_home(nullptr, no_section, [&](std::intptr_t* h) {
+    *h = word(&nodes[0]);
+    return true;
+  }));
+  const int self = thread_index();
+  ASSERT_EQ(lists.thread_head_of(self), word(&nodes[0]));
+  EXPECT_EQ(ids_of(lists.take_from_thread(self, 5, &last)), (std::vector<int>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(ids_of(lists.thread_head_of(self)), (std::vector<int>{5}));
+  // Taken from, the slot was revoked and given back: its owner uses it again.
+  EXPECT_TRUE(lists.at_home(nullptr, no_section, [&](std::intptr_t* h) {
+    EXPECT_EQ(*h, word(&nodes[5]));
+    return true;
+  }));
+}
+
+// drain hands over every non-empty list once, whole, and leaves it empty; a
+// list locked meanwhile (by this thread's frame here) keeps its nodes.
+TEST(CpuListsTest, DrainEmptiesEveryListItCanLock) {
+  if (fence_missing()) GTEST_SKIP() << "sections run and membarrier cannot fence: no lock";
+  cpu_lists lists;
+  const int count = lists.count();
+  std::vector<std::vector<node>> per_cpu(count, std::vector<node>(3));
+  ASSERT_TRUE(fill_every_cpu_list(lists, per_cpu));
+  std::vector<node> own(2);
+  link(own);
+  const bool has_own = lists.own_thread_slot() != nullptr;
+  if (has_own) {
+    ASSERT_TRUE(lists.at_home(nullptr, no_section, [&](std::intptr_t* h) {
+      *h = word(&own[0]);
+      return true;
+    }));
+  }
+  const int busy = 0;
+  std::intptr_t held = 0;
+  ASSERT_EQ(lock_slot(lists.slot_of(busy), busy, &held), lock_result::acquired);
+  std::set<std::intptr_t> handed;
+  int lists_handed = 0;
+  lists.drain(kListLockTries, [&](std::intptr_t head) {
+    ++lists_handed;
+    for (node* n = as_node(head); n != nullptr; n = n->next) {
+      EXPECT_TRUE(handed.insert(word(n)).second) << "node " << n->id << " handed twice";
+    }
+  });
+  EXPECT_EQ(lists_handed, count - 1 + (has_own ? 1 : 0));
+  EXPECT_EQ(handed.size(), static_cast<std::size_t>(3 * (count - 1) + (has_own ? 2 : 0)));
+  for (int cpu = 1; cpu < count; ++cpu) EXPECT_EQ(lists.head_of(cpu), 0) << cpu;
+  for (int i = 0; i < lists.thread_limit(); ++i) EXPECT_EQ(lists.thread_head_of(i), 0) << i;
+  unlock_slot(lists.slot_of(busy), held);
+  EXPECT_EQ(ids_of(lists.head_of(busy)), (std::vector<int>{0, 1, 2})) << "the busy list lost nodes";
+}
+
+TEST(CpuListsTest, OverflowStackIsLifoAndTakeAllEmptiesIt) {
+  cpu_lists lists;
+  std::vector<node> nodes(4);
+  link(nodes);
+  nodes[1].next = nullptr;
+  lists.to_overflow(word(&nodes[2]), word(&nodes[3]));
+  lists.to_overflow(word(&nodes[0]), word(&nodes[1]));
+  EXPECT_EQ(as_node(lists.overflow_pop())->id, 0);
+  EXPECT_EQ(ids_of(lists.overflow_take_all()), (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(lists.overflow_pop(), 0);
+}
+
+// The lists' part of fork: in the child every list the parent had is there
+// and usable (its lockers free), and a lock the forking thread's own frame
+// held stays held in both processes, with its list untouched.
+TEST(CpuListsTest, ForkKeepsEveryListAndTheForkingFramesLock) {
+  if (fence_missing()) GTEST_SKIP() << "sections run and membarrier cannot fence: no lock";
+  cpu_lists lists;
+  const int count = lists.count();
+  std::vector<std::vector<node>> per_cpu(count, std::vector<node>(2));
+  ASSERT_TRUE(fill_every_cpu_list(lists, per_cpu));
+  const int held_cpu = count - 1;
+  std::intptr_t held = 0;
+  ASSERT_EQ(lock_slot(lists.slot_of(held_cpu), held_cpu, &held), lock_result::acquired);
+  lists.before_fork();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    lists.after_fork(true);
+    int nodes = 0;
+    lists.drain(kListLockTries, [&](std::intptr_t head) { nodes += ids_of(head).size(); });
+    const bool held_kept = lists.head_of(held_cpu) == kSlotLocked;
+    unlock_slot(lists.slot_of(held_cpu), held);
+    lists.drain(kListLockTries, [&](std::intptr_t head) { nodes += ids_of(head).size(); });
+    _exit(nodes == 2 * count && held_kept ? 0 : 1);
+  }
+  lists.after_fork(false);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the child lost nodes, or the forking frame's lock";
+  EXPECT_EQ(lists.head_of(held_cpu), kSlotLocked);
+  unlock_slot(lists.slot_of(held_cpu), held);
+  EXPECT_EQ(ids_of(lists.head_of(held_cpu)), (std::vector<int>{0, 1}));
+}
+
+}  // namespace
+}  // namespace internal
+}  // namespace percpu
