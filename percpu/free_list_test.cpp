@@ -185,6 +185,23 @@ template struct expose_free_list_lists<&free_list::lists_>;
 const void* thread_words(const free_list& l) { return lists_of(l).thread_words(); }
 const void* cpu_words(const free_list& l) { return lists_of(l).cpu_words(); }
 
+// Forks; the child pushes and pops on every 97th of the n lists, and must
+// get its own node back from each.
+void expect_lists_work_in_a_child(free_list* lists, free_list_node* nodes, long n) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (long i = 0; i < n; i += 97) {
+      lists[i].push(&nodes[i]);
+      if (lists[i].pop() != &nodes[i]) _exit(1);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child's lists failed";
+}
+
 // Where `words` keeps each of n lists' words.
 std::set<std::uintptr_t> pages_of(const free_list* lists, long n,
                                   const void* (*words)(const free_list&)) {
@@ -240,18 +257,7 @@ TEST(FreeListTest, AHundredThousandListsTakeBytesEachAndForkFillsNoPage) {
   const std::set<std::uintptr_t> cpu_pages = pages_of(lists.get(), kLists, cpu_words);
   const long before = test::anonymous_bytes_of_mappings(cpu_pages);
   ASSERT_GT(before, 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    for (long i = 0; i < kLists; i += 97) {
-      lists[i].push(&nodes[i]);
-      if (lists[i].pop() != &nodes[i]) _exit(1);
-    }
-    _exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child's lists failed";
+  expect_lists_work_in_a_child(lists.get(), nodes.get(), kLists);
   const long grown = test::anonymous_bytes_of_mappings(cpu_pages) - before;
   std::printf("fork(): the lists' per-CPU memory grew by %ld bytes in the parent\n", grown);
   // A fork that wrote every list's locker on another CPU would fill
@@ -280,18 +286,7 @@ TEST(FreeListTest, ForkWritesNoThreadSlot) {
   }
   ASSERT_FALSE(pages.empty());
   const long before = test::present_stride_pages(pages, internal::kThreadSlots);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    for (long i = 0; i < kLists; i += 97) {
-      lists[i].push(&nodes[i]);
-      if (lists[i].pop() != &nodes[i]) _exit(1);
-    }
-    _exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child's lists failed";
+  expect_lists_work_in_a_child(lists.get(), nodes.get(), kLists);
   const long after = test::present_stride_pages(pages, internal::kThreadSlots);
   EXPECT_EQ(after, before) << "fork() filled pages of the threads' slots";
 }

@@ -113,6 +113,17 @@ struct done_flag {
   }
 };
 
+// A coroutine that signals done on one executor was resumed there by a task
+// of the other, which may still be inside post() (signalling the first one's
+// condition variable) when the test goes on. An executor runs its tasks in
+// order: once a later task of that other executor has run, the post() has
+// returned, and the executors may go.
+void wait_until_idle(executor& resumer) {
+  done_flag idle;
+  resumer.post([&] { idle.set(); });
+  idle.wait();
+}
+
 // Threads pinned to `cpu` that call `body` until stopped.
 class hammers {
  public:
@@ -168,6 +179,7 @@ TEST(ResumeElsewhere, CoroutineCounterIsExact) {
     const long n = rounds();
     a.post([&] { add_while_moving(g_coroutine_counter, a, b, n, done); });
     done.wait();
+    wait_until_idle(b);
     h.stop();
     EXPECT_EQ(g_coroutine_counter.load(), n * (1 + 2 * kAddsPerVisit) + hammered.load())
         << "updates were lost: a section ran on another thread's rseq area";
@@ -228,6 +240,7 @@ TEST(ResumeElsewhere, CoroutineFreeListLosesNoNode) {
     done_flag done;
     a.post([&] { cycle_while_moving(list, a, b, rounds(), next_owner, doubled, done); });
     done.wait();
+    wait_until_idle(b);
     h.stop();
   }
   // pop(), not take_all(): a list corrupted into a cycle then shows up as too
@@ -278,12 +291,8 @@ TEST(ResumeElsewhere, ThreadPointerIsReadAfterTheMove) {
   noted.wait();
   a.post([&] { note_thread_pointers(b, &before, &after, done); });
   done.wait();
-  // a's task may still be inside b.post() (signalling b's condition
-  // variable): a runs its tasks in order, so once this one has run, that
-  // one has returned, and the executors may go.
-  done_flag a_idle;
-  a.post([&] { a_idle.set(); });
-  a_idle.wait();
+  // Here the coroutine ends on b, resumed by a's task.
+  wait_until_idle(a);
   EXPECT_NE(before, after) << "the thread pointer was kept across the move";
   EXPECT_EQ(after, b_own) << "not the thread the coroutine resumed on";
 }
@@ -344,11 +353,7 @@ TEST(ResumeElsewhere, CoroutinePoolHandsNoObjectOutTwice) {
     done_flag done;
     a.post([&] { free_while_moving(pool, a, b, rounds(), next_owner, doubled, done); });
     done.wait();
-    // b's last task may still be inside a.post(): once a later one has run,
-    // it has returned, and the executors may go.
-    done_flag b_idle;
-    b.post([&] { b_idle.set(); });
-    b_idle.wait();
+    wait_until_idle(b);
     h.stop();
   }
   EXPECT_EQ(doubled.load(), 0) << "one object was handed to two users at once";

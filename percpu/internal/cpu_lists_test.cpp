@@ -13,8 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "percpu/cpu.hpp"
@@ -275,6 +277,40 @@ TEST(CpuListsTest, DrainEmptiesEveryListItCanLock) {
   for (int i = 0; i < lists.thread_limit(); ++i) EXPECT_EQ(lists.thread_head_of(i), 0) << i;
   unlock_slot(lists.slot_of(busy), held);
   EXPECT_EQ(ids_of(lists.head_of(busy)), (std::vector<int>{0, 1, 2})) << "the busy list lost nodes";
+}
+
+// While a fork handler on another thread holds the flags (between
+// begin_fork_flags and end_fork_flags), a remote take finds the list busy
+// and leaves it whole, its locker free: the handler waits only for the
+// lockers of that moment, and a fork never copies a list half moved.
+TEST(CpuListsTest, ARemoteTakeDuringAForksHoldLeavesTheListWhole) {
+  if (fence_missing()) GTEST_SKIP() << "sections run and membarrier cannot fence: no lock";
+  cpu_lists lists;
+  std::vector<std::vector<node>> per_cpu(lists.count(), std::vector<node>(3));
+  ASSERT_TRUE(fill_every_cpu_list(lists, per_cpu));
+  std::atomic<int> phase{0};
+  std::thread forker([&] {
+    begin_fork_flags();
+    phase.store(1);
+    while (phase.load() != 2) std::this_thread::yield();
+    end_fork_flags();
+  });
+  while (phase.load() != 1) std::this_thread::yield();
+  std::intptr_t last = 0;
+  EXPECT_EQ(lists.take_from_cpu(0, 16, &last), 0) << "a take went on during a fork's hold";
+  int calls = 0;
+  force_locked_path_for_this_thread(true);
+  EXPECT_FALSE(lists.at_home(nullptr, no_section, [&](std::intptr_t*) {
+    ++calls;
+    return true;
+  }));
+  force_locked_path_for_this_thread(false);
+  EXPECT_EQ(calls, 0) << "the ladder's locked step ran during a fork's hold";
+  EXPECT_EQ(__atomic_load_n(&lists.slot_of(0)->locker, __ATOMIC_RELAXED), kFlagFree);
+  phase.store(2);
+  forker.join();
+  EXPECT_EQ(ids_of(lists.head_of(0)), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(ids_of(lists.take_from_cpu(0, 16, &last)), (std::vector<int>{0, 1, 2}));
 }
 
 TEST(CpuListsTest, OverflowStackIsLifoAndTakeAllEmptiesIt) {
