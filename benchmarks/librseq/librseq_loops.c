@@ -118,7 +118,12 @@ struct librseq_head {
   struct librseq_node* head;
 } __attribute__((aligned(128)));
 static struct librseq_head librseq_heads[CPU_SETSIZE];
-static struct librseq_node librseq_nodes[CPU_SETSIZE];
+/* Each thread's node on lines of its own, as percpu's side has them: a
+ * pop+push writes its node, and two threads' nodes on one line would make
+ * the two-thread rows measure the line moving between CPUs. */
+static struct librseq_node_line {
+  struct librseq_node node;
+} __attribute__((aligned(128))) librseq_nodes[CPU_SETSIZE];
 
 static inline void librseq_push(struct librseq_node* node) {
   for (;;) {
@@ -146,7 +151,7 @@ static inline struct librseq_node* librseq_pop(void) {
 }
 
 /* Puts one node on the calling thread's CPU list (its own node, by CPU). */
-void librseq_list_prepare(int cpu) { librseq_push(&librseq_nodes[cpu]); }
+void librseq_list_prepare(int cpu) { librseq_push(&librseq_nodes[cpu].node); }
 
 /* pop+push of the node on this CPU's list, as percpu-bench's free_list row. */
 void librseq_list_loop(long n) {

@@ -92,7 +92,11 @@ __attribute__((noinline)) void percpu_load_loop(long n) {
 // The free list's side: pop+push of a node on the calling CPU's list, a
 // compiler barrier after each operation, as the librseq side does.
 percpu::free_list g_free_list;
-percpu::free_list_node g_free_list_nodes[CPU_SETSIZE];
+// Each thread's node on lines of its own, as on the librseq side.
+struct alignas(128) node_line {
+  percpu::free_list_node node;
+};
+node_line g_free_list_nodes[CPU_SETSIZE];
 __attribute__((noinline)) void percpu_list_loop(long n) {
   for (long i = 0; i < n; ++i) {
     percpu::free_list_node* node = g_free_list.pop();
@@ -136,7 +140,7 @@ double run(const std::function<void(long)>& loop, int threads, long n) {
       // and push it back); harmless for the other rows.
       if (!prepared[t]) {
         prepared[t] = true;
-        g_free_list.push(&g_free_list_nodes[t]);
+        g_free_list.push(&g_free_list_nodes[t].node);
         librseq_list_prepare(t);
       }
       loop(1000);  // warm: first use, pages, registration

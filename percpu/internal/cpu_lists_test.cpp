@@ -5,7 +5,9 @@
 // batch; drain empties every list it can lock and leaves a busy one whole;
 // the overflow stack; and fork, in the child and with a lock the forking
 // thread's own frame holds. The mode variants (.glibc, .own, .fallback) run
-// it with and without rseq.
+// it with and without rseq. The started hot paths: a thread the test seam
+// sends to the locked path never commits one, and in a fresh process none
+// commits before the section users count says so.
 
 #include "percpu/internal/cpu_lists.hpp"
 
@@ -15,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <set>
 #include <thread>
 #include <vector>
@@ -357,6 +360,80 @@ TEST(CpuListsTest, ForkKeepsEveryListAndTheForkingFramesLock) {
   EXPECT_EQ(lists.head_of(held_cpu), kSlotLocked);
   unlock_slot(lists.slot_of(held_cpu), held);
   EXPECT_EQ(ids_of(lists.head_of(held_cpu)), (std::vector<int>{0, 1}));
+}
+
+// The started hot paths test nothing before their section (cpu_slots.hpp,
+// "The started form"), so the test seam that sends a thread to the locked
+// path must make the thread's sections abort: while it is on, a started push
+// never commits, whatever the mode, and cpu_id() still answers right; once it
+// is off again, the thread's sections run as before.
+TEST(CpuListsTest, AThreadSentToTheLockedPathNeverCommitsAStartedSection) {
+  const std::vector<int> cpus = stress::test_cpus(1);
+  ASSERT_FALSE(cpus.empty());
+  const stress::affinity_guard restore;
+  ASSERT_TRUE(stress::restrict_to({cpus[0]}));
+  cpu_lists lists;
+  node n{nullptr, 7};
+  const bool had_sections = sections_status() == sections::on;
+  force_locked_path_for_this_thread(true);
+  EXPECT_FALSE(lists.push_started(&n, &n)) << "a started push committed on the locked path";
+  std::intptr_t popped = 0;
+  EXPECT_FALSE(lists.pop_started(&popped));
+  EXPECT_EQ(lists.head_of(cpus[0] % lists.count()), 0) << "the seam left a section able to commit";
+  EXPECT_EQ(cpu_id(), cpus[0]) << "cpu_id() with the registration paused";
+  force_locked_path_for_this_thread(false);
+  EXPECT_EQ(cpu_id(), cpus[0]);
+  if (!had_sections) return;
+  // The registration is back: the first try may abort (the kernel fills the
+  // area on the way back from the system call), a few cannot all.
+  bool pushed = false;
+  for (int tries = 0; tries < 100 && !pushed; ++tries) pushed = lists.push_started(&n, &n);
+  ASSERT_TRUE(pushed) << "sections did not come back after the seam";
+  EXPECT_EQ(lists.head_of(cpus[0] % lists.count()), word(&n));
+  bool popped_back = false;
+  for (int tries = 0; tries < 100 && !popped_back; ++tries) {
+    popped_back = lists.pop_started(&popped);
+  }
+  ASSERT_TRUE(popped_back);
+  EXPECT_EQ(popped, word(&n));
+}
+
+// The lockers' Dekker without a mark by the thread (registration.hpp,
+// g_section_users): in a fresh process, by the time a started section can
+// commit, the section users count is already above zero. The probe below
+// runs first thing in a new image of this binary (so that no earlier test
+// has counted anything), in the mode this run was started in.
+TEST(CpuListsFreshProcess, DISABLED_SectionUsersAreCountedBeforeAStartedSectionCommits) {
+  // cpu_id() registers the thread where that is percpu's job, as a
+  // program's first call would.
+  (void)cpu_id();
+  cpu_lists lists;
+  node n{nullptr, 1};
+  const bool counted = __atomic_load_n(&g_section_users, __ATOMIC_SEQ_CST) != 0;
+  bool committed = false;
+  for (int tries = 0; tries < 100 && !committed; ++tries) committed = lists.push_started(&n, &n);
+  std::printf("probe: started push %s, section users %s\n", committed ? "committed" : "refused",
+              counted ? "counted" : "not counted");
+  EXPECT_TRUE(counted || !committed)
+      << "a started section committed while no locker would fence for it";
+  // Not vacuous where the started path can commit at all: the area the
+  // sections' offset leads to is this thread's registered one.
+  EXPECT_EQ(committed, sections_area_if_registered() != nullptr);
+}
+
+TEST(CpuListsTest, SectionUsersAreCountedBeforeAStartedSectionCommits) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    execl(program_invocation_name, program_invocation_name, "--gtest_also_run_disabled_tests",
+          "--gtest_filter=CpuListsFreshProcess.DISABLED_"
+          "SectionUsersAreCountedBeforeAStartedSectionCommits",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the fresh-process probe failed";
 }
 
 }  // namespace

@@ -26,9 +26,6 @@ namespace internal {
 
 namespace {
 
-// Set once any thread may run owner sections; never cleared (see the header).
-int g_section_users = 0;
-
 enum fence_state : int { kFenceUnknown = 0, kFenceReady = 1, kFenceMissing = 2 };
 std::atomic<int> g_fence_state{kFenceUnknown};
 std::atomic<bool> g_simulate_missing{false};
@@ -457,8 +454,7 @@ void clear_flag_in_child(int* flag) noexcept {
 
 section_user mark_section_user() noexcept {
   if (t_section_state == section_user::forced_locked) return section_user::forced_locked;
-  __atomic_store_n(&g_section_users, 1, __ATOMIC_SEQ_CST);
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  add_section_users(1);
   t_section_state = section_user::marked;
   return section_user::marked;
 }
@@ -477,7 +473,21 @@ rseq_area* section_area_slow() noexcept {
 }
 
 void force_locked_path_for_this_thread(bool on) noexcept {
-  t_section_state = on ? section_user::forced_locked : section_user::unmarked;
+  if (!on) {
+    resume_rseq_for_this_thread();
+    t_section_state = section_user::unmarked;
+    return;
+  }
+  t_section_state = section_user::forced_locked;
+  // The started hot paths test nothing before their section: only a
+  // registration that is gone makes this thread's sections abort.
+  if (!pause_rseq_for_this_thread()) {
+    static const char line[] =
+        "percpu: force_locked_path_for_this_thread could not pause the thread's rseq "
+        "registration\n";
+    nocancel_write(STDERR_FILENO, line, sizeof(line) - 1);
+    std::abort();  // a test seam that cannot do its job must fail the test
+  }
 }
 
 unsigned long fence_count() noexcept { return g_fences.load(std::memory_order_relaxed); }

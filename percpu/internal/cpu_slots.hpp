@@ -44,13 +44,18 @@
 //   If rseq sections may run and membarrier with the RSEQ command is not
 //   available, lock_slot refuses before step 2: remote access would be unsafe.
 //
-// Section users (the Dekker flag that lets fallback threads skip the fence)
-//   Every thread, before its first owner section, stores 1 into a process-wide
-//   flag and issues a sequentially consistent fence (mark_section_user). A
-//   locker reads the flag after its exchange (both seq_cst). If it reads 0,
-//   its exchange precedes that thread's fence in the single total order, so
-//   every later section of that thread reads kSlotLocked or a later value:
-//   nothing to fence. If it reads 1, it fences. The flag never goes back to 0.
+// Section users (the Dekker count that lets fallback threads skip the fence)
+//   Before any owner section can commit, the process's section users count
+//   (g_section_users, registration.hpp) is above zero and a sequentially
+//   consistent fence has followed the addition: start-up counts the threads
+//   glibc (or a library percpu serves) registers, each of percpu's own
+//   registrations counts itself before its system call, and a thread's
+//   first section through section_area() counts itself (mark_section_user).
+//   A locker reads the count after its exchange (both seq_cst). If it reads
+//   0, its exchange precedes every such fence in the single total order, so
+//   every later section reads kSlotLocked or a later value: nothing to
+//   fence. Otherwise it fences. The count never returns to 0 once a kept
+//   addition is made (a failed registration takes back only its own).
 //   This is what makes threads without rseq (seccomp, valgrind, forced
 //   backend) cheap and correct: in a process where no thread has rseq they
 //   lock with atomics only.
@@ -260,7 +265,11 @@ void unlock_slot(cpu_slot_words* slot, std::intptr_t value) noexcept;
 
 // Test seam: from now on the calling thread takes the locked per-CPU path
 // (the path of a thread without rseq that has no thread slot), even though
-// other threads run sections.
+// other threads run sections. The hot paths test nothing before their
+// sections, so on also pauses the thread's rseq registration (registration.hpp,
+// pause_rseq_for_this_thread()) and off restores it; meanwhile cpu_id() on
+// this thread answers from the fallback. Aborts with a line on stderr when the
+// registration cannot be paused. Call off on the thread that called on.
 void force_locked_path_for_this_thread(bool on) noexcept;
 // Test seam: how many membarrier fences this process issued.
 unsigned long fence_count() noexcept;
@@ -405,12 +414,22 @@ template <class Node>
 // ---- The started form (the lists' hot paths) -------------------------------
 //
 // One try of the pop or the push, started as counter::add's section is
-// (rseq_cs.hpp, start_section()): no area test, no bound test, no second
-// read of the CPU. What makes that enough:
-//   - a thread that is not a marked section user (no rseq, start-up not
-//     done, the test seam that sends it to the locked path, or its first
-//     owner section still to come) fails at once on its state word, which
-//     is the one test left;
+// (rseq_cs.hpp, start_section()): no bound test, no second read of the CPU,
+// and one test before the section, of the started area's cpu_id. What makes
+// that enough:
+//   - a thread whose sections must not commit fails inside the section, at
+//     its compare of cpu_id with the cpu_id_start it was started from: the
+//     area the sections' offset leads to shows no CPU (-1 or -2) while the
+//     thread has no registration there (no rseq, start-up not done, a
+//     forced fallback, the test seam that sends it to the locked path,
+//     which unregisters it), and cpu_id_start then reads 0. The test before
+//     the section is the same fact read early, from the line start_section()
+//     has just read: it spares such a thread arming a section that must
+//     fail, on every operation of the lists' paths without rseq (it costs a
+//     thread with rseq a load it will hit and a branch it predicts);
+//   - the lockers' Dekker needs no mark by the thread: the section users
+//     count (registration.hpp) already counts every registration a started
+//     section can commit under, from before it could;
 //   - a section commits only on the CPU the kernel shows in cpu_id, which
 //     is below max_cpus() wherever sections are on, so at a copy that
 //     exists, and it reads the head only after that compare.
@@ -418,15 +437,17 @@ template <class Node>
 // push_local_chain (an abort), tell an empty list from a locked one, or
 // take the path of a thread without rseq.
 
-[[nodiscard]] inline bool section_user_marked() noexcept {
-  return load_tp_relative_i32(g_fast_path.section_state) == static_cast<int>(section_user::marked);
+// Whether the started area shows no CPU: this thread has no registration
+// there, and its section would abort.
+[[nodiscard]] inline bool started_area_unregistered(section_start start) noexcept {
+  return started_area_cpu_id(start) < 0;
 }
 
 // pop_local_head's one started try: true with *popped a node.
 [[nodiscard]] inline bool pop_started(cpu_slot_words* slots, long next_offset,
                                       std::intptr_t* popped) noexcept {
-  if (__builtin_expect(!section_user_marked(), 0)) return false;
   const section_start start = start_section();
+  if (__builtin_expect(started_area_unregistered(start), 0)) return false;
   return rseq_cmpabovev_storeoffp_load_started(start, &stride_copy_at(slots, start)->head,
                                                kSlotLocked, next_offset, popped) == 0;
 }
@@ -434,8 +455,8 @@ template <class Node>
 // push_local_chain's one started try.
 template <class Node>
 [[nodiscard]] inline bool push_started(cpu_slot_words* slots, Node* first, Node* last) noexcept {
-  if (__builtin_expect(!section_user_marked(), 0)) return false;
   const section_start start = start_section();
+  if (__builtin_expect(started_area_unregistered(start), 0)) return false;
   PERCPU_TSAN_RELEASE(last);
   return rseq_cmpnev_trystorev_storev_started(start, &stride_copy_at(slots, start)->head,
                                               kSlotLocked,

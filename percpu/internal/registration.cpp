@@ -177,6 +177,7 @@ __thread bool shared_sections PERCPU_STATIC_TLS = false;
 }  // namespace
 
 __thread section_user t_section_state PERCPU_STATIC_TLS = section_user::unmarked;
+int g_section_users = 0;
 
 namespace {
 
@@ -305,10 +306,26 @@ bool inline_ids_need_no_bound() noexcept {
 // the unregistered area otherwise: there every section aborts, and the
 // structures' slow paths decide. Until start-up has opened the fast path it
 // stays at the unregistered area, where before_startup's resolver put it.
+//
+// The started hot paths (rseq_cs.hpp, start_section()) test nothing before
+// their section, so the section users count (registration.hpp) must already
+// count every thread that can commit one on the area aimed at. Threads of
+// glibc's or a served library's area are registered without percpu, so
+// start-up counts them, once, before the store; each of percpu's own
+// registrations counts itself (register_this_thread()). A started section
+// reaches the head through the offset it loads here (an address dependency
+// on aarch64, program order on x86-64), so it cannot read the head before
+// the count and its fence.
 void aim_sections() {
   const bool on = g_state.fast_path_open && g_state.sections_decision == sections::on &&
                   inline_ids_need_no_bound();
   const std::intptr_t area = __atomic_load_n(&g_fast_path.area, __ATOMIC_RELAXED);
+  // Neither percpu's own area (counted per registration) nor the
+  // unregistered one (no section commits there).
+  const bool registered_by_others =
+      area != tp_offset_of(&own_area) && area != tp_offset_of(&unregistered_area);
+  static std::atomic<bool> counted{false};
+  if (on && registered_by_others && !counted.exchange(true)) add_section_users(1);
   __atomic_store_n(&g_fast_path.sections_area, on ? area : tp_offset_of(&unregistered_area),
                    __ATOMIC_RELEASE);
 }
@@ -739,6 +756,9 @@ bool register_this_thread() noexcept {
   if (state == thread_registration::registered || state == thread_registration::shared) return true;
   if (state == thread_registration::failed) return false;
   registration = thread_registration::trying;
+  // Counted before the call: the kernel fills cpu_id on the way back, and a
+  // started section may commit from then on (see g_section_users).
+  add_section_users(1);
   std::atomic_signal_fence(std::memory_order_seq_cst);
   const int saved_errno = errno;
   // max(feature size, 32) bytes, as glibc 2.41+ registers: on Linux 7.0+ the
@@ -757,6 +777,7 @@ bool register_this_thread() noexcept {
   bool ok = error == 0 || (error == EBUSY && own_area.area.cpu_id >= 0);
   const bool shared = !ok && error == EINVAL && adopt_other_area();
   ok = ok || shared;
+  if (!ok) add_section_users(-1);
   registration_error = ok ? 0 : error;
   registration = shared ? thread_registration::shared
                  : ok   ? thread_registration::registered
@@ -1002,6 +1023,35 @@ unsigned rseq_registration_length() noexcept {
   }
   errno = saved_errno;
   return length;
+}
+
+namespace {
+// The registration pause_rseq_for_this_thread() took away, for resume.
+__thread rseq_area* paused_area PERCPU_STATIC_TLS = nullptr;
+__thread unsigned paused_length PERCPU_STATIC_TLS = 0;
+}  // namespace
+
+bool pause_rseq_for_this_thread() noexcept {
+  if (paused_area == nullptr) {
+    rseq_area* area = thread_rseq_area();
+    const unsigned length = area != nullptr ? rseq_registration_length() : 0;
+    const int saved_errno = errno;
+    // EPERM (another signature): percpu's sections never run on that area.
+    if (length != 0 && syscall(SYS_rseq, area, length, kRseqFlagUnregister, kRseqSignature) == 0) {
+      paused_area = area;
+      paused_length = length;
+    }
+    errno = saved_errno;
+  }
+  return sections_area_if_registered() == nullptr;
+}
+
+void resume_rseq_for_this_thread() noexcept {
+  if (paused_area == nullptr) return;
+  const int saved_errno = errno;
+  syscall(SYS_rseq, paused_area, paused_length, 0, kRseqSignature);
+  errno = saved_errno;
+  paused_area = nullptr;
 }
 
 int rseq_registration_error() noexcept {

@@ -125,6 +125,41 @@ inline rseq_area* sections_area_if_registered() noexcept {
 enum class section_user : int { unmarked = 0, marked = 1, forced_locked = 2, no_rseq = 3 };
 extern __thread section_user t_section_state PERCPU_STATIC_TLS;
 
+// The section users count, the process's side of the Dekker between owner
+// sections and the lockers of a CPU slot (cpu_slots.hpp, "Section users"):
+// above zero from before any section can commit in this process until the
+// process ends. Each reason a section may commit adds one before it can:
+//   - start-up, once, before it aims the sections' area at an area every
+//     thread has registered (glibc's, or another library's that percpu
+//     serves): aim_sections() in registration.cpp;
+//   - a thread's own registration, before its system call, taken back if
+//     the call fails (a failed thread's area never shows a CPU, so its
+//     sections abort): register_this_thread();
+//   - a thread's first section through section_area() (mark_section_user()
+//     in cpu_slots.cpp), which covers areas the two above do not.
+// Every addition is followed by a sequentially consistent fence. A locker
+// that reads zero after its exchange therefore knows that no thread's
+// registration or mark can have preceded it, and so no section can commit
+// without reading the locked head. Overcounting is harmless (a fence too
+// many); a take-back only follows its own addition, so the count never
+// reads zero while a kept addition precedes the read. Atomics only.
+extern int g_section_users;
+inline void add_section_users(int delta) noexcept {
+  __atomic_fetch_add(&g_section_users, delta, __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+// Test seam (force_locked_path_for_this_thread() in cpu_slots.hpp): makes
+// every section of the calling thread abort by unregistering the area the
+// kernel keeps for it, whoever registered it, and restores that
+// registration. While paused the thread is one without rseq to every part of
+// percpu (cpu_id() answers from the fallback); other threads keep theirs.
+// pause answers whether the thread's sections now abort (true too when it had
+// no registration). Not async-signal-safe; call resume on the thread that
+// paused.
+bool pause_rseq_for_this_thread() noexcept;
+void resume_rseq_for_this_thread() noexcept;
+
 // rseq_area_for_sections(), except that a thread already known to have no
 // rseq (section_user::no_rseq, which cpu_slots.cpp sets and which this sets
 // too, once start-up is over) is answered without the call that asks about

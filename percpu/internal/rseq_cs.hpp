@@ -113,11 +113,18 @@
 //   Only cpu_id indexes these sections; mm_cid has no start field.
 //
 //   The lists' hot paths (free_list push and pop, object_pool allocate) are
-//   started the same way: rseq_cmpabovev_storeoffp_load_started and
+//   started the same way, with one test before the section, of the started
+//   area's cpu_id (started_area_cpu_id(): a thread without a registration
+//   there leaves before arming; cpu_slots.hpp says why it is worth its cost):
+//   rseq_cmpabovev_storeoffp_load_started and
 //   rseq_cmpnev_trystorev_storev_started are the pop and the push above on
 //   the started area and CPU. Both read the head inside the section, after
 //   the CPU compare, so a head copy's address made from a rejected
-//   cpu_id_start is never touched either.
+//   cpu_id_start is never touched either. What the lists' remote lockers
+//   need of a thread before its first section, the section users count
+//   (registration.hpp) has from start-up or from the thread's registration
+//   (cpu_slots.hpp, "The started form"). On x86-64 the started pop hands the
+//   popped node back in a register (see there).
 //
 // Test seams (compile time):
 //   PERCPU_INJECT_DELAYS   a delay loop of g_inject_delay_loops iterations

@@ -212,6 +212,12 @@ inline section_start start_section() noexcept {
   return {area, cpu};
 }
 
+// The started area's cpu_id, read as the section reads it: -1 or -2 while
+// the thread has no registration there.
+inline std::int32_t started_area_cpu_id(section_start start) noexcept {
+  return *reinterpret_cast<volatile const std::int32_t*>(&start.area->cpu_id);
+}
+
 // The started CPU's copy offset in the stride arena (the shift folds into
 // the address computation, add x, x, x, lsl #16).
 inline std::uint64_t started_copy_offset(section_start start) noexcept {

@@ -59,6 +59,8 @@ struct section_start {
 };
 
 inline section_start start_section() noexcept { return {0}; }
+// No area: as an unregistered one.
+inline std::int32_t started_area_cpu_id(section_start) noexcept { return -1; }
 
 inline std::uint64_t started_copy_offset(section_start) noexcept { return 0; }
 

@@ -208,15 +208,23 @@ inline section_start start_section() noexcept {
   return {area, cpu};
 }
 
-// The started CPU's copy offset in the stride arena. imul by the stride
-// rather than a shift: its three operands keep the CPU for the section's
-// compare without a copy, one instruction fewer on the hot path.
+// The started area's cpu_id, read as the section reads it (fs-relative, from
+// the line start_section() read): -1 or -2 while the thread has no
+// registration there.
+inline std::int32_t started_area_cpu_id(section_start start) noexcept {
+  std::int32_t id;
+  asm volatile("movl %%fs:%c[at](%[area]), %[id]"
+               : [id] "=r"(id)
+               : [area] "r"(start.area), [at] "i"(kCpuIdOffset));
+  return id;
+}
+
+// The started CPU's copy offset in the stride arena. A shift of a copy: the
+// copy is a register rename, where a multiply by the stride (which keeps the
+// CPU without one) puts three cycles between the CPU's load and the head's
+// address on every pop and push.
 inline std::uint64_t started_copy_offset(section_start start) noexcept {
-  std::uint64_t offset;
-  asm("imulq %[stride], %[cpu], %[offset]"
-      : [offset] "=r"(offset)
-      : [cpu] "r"(start.cpu), [stride] "i"(kStride));
-  return offset;
+  return start.cpu << kStrideShift;
 }
 
 // rseq_addv_started: add, in a started section.
@@ -292,20 +300,31 @@ abort:
 //   pseudo-code:   if (area->cpu_id != start.cpu) return -1;
 //                  head = *v;
 //                  if ((uintptr_t)head <= floor) return 1;  (empty, or a marker)
-//                  *load = head;                        <- speculative
 //                  *v = *(intptr_t*)(head + voffp);     <- commit
+//                  *load = head;                        (after the section)
 //                  return 0;
 //   operands:      start.area -> %[area] (an offset: %fs-relative), v ->
 //                  %[v] (a memory operand: the copy's address folds into
 //                  the instruction), floor -> %[floor], voffp -> %[voffp],
-//                  load -> %[load], start.cpu -> %k[cpu], %rax descriptor
-//                  address then head then head's successor
+//                  start.cpu -> %k[cpu]; outputs head -> %[head] and the
+//                  result -> %k[rc]; %rax descriptor address then head's
+//                  successor
 //   labels:        start 1, commit "movq %%rax, %[v]", post-commit 2,
-//                  abort 4 -> C label abort (-1), exit cmpfail (1)
+//                  abort 4 -> end 9 with %k[rc] -1; exits to 9 with %k[rc]
+//                  already -1 (another CPU) or 1 (cmpfail)
+//
+// Unlike the other sections this one is a plain asm with outputs, not an
+// asm goto: the popped node leaves in a register, where a store inside the
+// section and a load after it would put a store-to-load forwarding on the
+// pop-then-push chain of every caller (asm goto with outputs is missing from
+// older compilers). So each exit sets %k[rc] before it leaves, the abort
+// handler sets it too, and all of them meet at 9 after the post-commit label.
 inline int rseq_cmpabovev_storeoffp_load_started(section_start start, std::intptr_t* v,
                                                  std::uintptr_t floor, long voffp,
                                                  std::intptr_t* load) noexcept {
-  asm goto(
+  std::intptr_t head;
+  int rc;
+  asm volatile(
       ".pushsection __rseq_cs, \"aw?\"\n\t"
       ".balign 32\n\t"
       "3:\n\t"
@@ -316,19 +335,20 @@ inline int rseq_cmpabovev_storeoffp_load_started(section_start start, std::intpt
       ".quad 3b\n\t"
       ".popsection\n\t"
       ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
-      ".quad 1f, %l[abort]\n\t"
-      ".quad 1f, %l[cmpfail]\n\t"
+      ".quad 1f, 9f\n\t"
       ".popsection\n\t"
       "leaq 3b(%%rip), %%rax\n\t"
       "movq %%rax, %%fs:%c[cs_offset](%[area])\n\t"
       "1:\n\t"
+      "movl $-1, %k[rc]\n\t"
       "cmpl %k[cpu], %%fs:%c[index_offset](%[area])\n\t"
-      "jne %l[abort]\n\t"
-      "movq %[v], %%rax\n\t"
-      "cmpq %[floor], %%rax\n\t"
-      "jbe %l[cmpfail]\n\t"
-      "movq %%rax, (%[load])\n\t"
-      "movq (%%rax, %[voffp]), %%rax\n\t"
+      "jne 9f\n\t"
+      "movl $1, %k[rc]\n\t"
+      "movq %[v], %[head]\n\t"
+      "cmpq %[floor], %[head]\n\t"
+      "jbe 9f\n\t"
+      "movq (%[head], %[voffp]), %%rax\n\t"
+      "xorl %k[rc], %k[rc]\n\t"
 #if defined(PERCPU_INJECT_DELAYS)
       "movl %[delay], %%ecx\n\t"
       "5:\n\t"
@@ -350,22 +370,19 @@ inline int rseq_cmpabovev_storeoffp_load_started(section_start start, std::intpt
       ".byte 0x0f, 0xb9, 0x3d\n\t"
       ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
       "4:\n\t"
-      "jmp %l[abort]\n\t"
+      "movl $-1, %k[rc]\n\t"
+      "jmp 9f\n\t"
       ".popsection\n\t"
-      :
+      "9:\n\t"
+      : [head] "=&r"(head), [rc] "=&r"(rc)
       : [area] "r"(start.area), [v] "m"(*v), [floor] "er"(floor), [voffp] "r"(voffp),
-        [load] "r"(load), [cpu] "r"(start.cpu), [cs_offset] "i"(kRseqCsOffset),
-        [index_offset] "i"(kCpuIdOffset)
+        [cpu] "r"(start.cpu), [cs_offset] "i"(kRseqCsOffset), [index_offset] "i"(kCpuIdOffset)
 #if defined(PERCPU_INJECT_DELAYS)
         , [delay] "r"(inject_delay_loops())
 #endif
-      : "memory", "cc", "rax", "rcx"
-      : abort, cmpfail);
-  return 0;
-abort:
-  return -1;
-cmpfail:
-  return 1;
+      : "memory", "cc", "rax", "rcx");
+  *load = head;
+  return rc;
 }
 
 // rseq_cmpnev_trystorev_storev_started: the list push
