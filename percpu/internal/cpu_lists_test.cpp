@@ -362,8 +362,8 @@ TEST(CpuListsTest, ForkKeepsEveryListAndTheForkingFramesLock) {
   EXPECT_EQ(ids_of(lists.head_of(held_cpu)), (std::vector<int>{0, 1}));
 }
 
-// The started hot paths test nothing before their section (cpu_slots.hpp,
-// "The started form"), so the test seam that sends a thread to the locked
+// The started hot paths test only the started area's cpu_id before their
+// section (cpu_slots.hpp, "The started form"), so the test seam that sends a thread to the locked
 // path must make the thread's sections abort: while it is on, a started push
 // never commits, whatever the mode, and cpu_id() still answers right; once it
 // is off again, the thread's sections run as before.

@@ -479,7 +479,7 @@ void force_locked_path_for_this_thread(bool on) noexcept {
     return;
   }
   t_section_state = section_user::forced_locked;
-  // The started hot paths test nothing before their section: only a
+  // The started hot paths test only the started area's cpu_id: only a
   // registration that is gone makes this thread's sections abort.
   if (!pause_rseq_for_this_thread()) {
     static const char line[] =

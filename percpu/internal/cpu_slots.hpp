@@ -265,8 +265,8 @@ void unlock_slot(cpu_slot_words* slot, std::intptr_t value) noexcept;
 
 // Test seam: from now on the calling thread takes the locked per-CPU path
 // (the path of a thread without rseq that has no thread slot), even though
-// other threads run sections. The hot paths test nothing before their
-// sections, so on also pauses the thread's rseq registration (registration.hpp,
+// other threads run sections. The hot paths test only the started area's
+// cpu_id before their sections, so on also pauses the thread's rseq registration (registration.hpp,
 // pause_rseq_for_this_thread()) and off restores it; meanwhile cpu_id() on
 // this thread answers from the fallback. Aborts with a line on stderr when the
 // registration cannot be paused. Call off on the thread that called on.

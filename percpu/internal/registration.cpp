@@ -307,8 +307,9 @@ bool inline_ids_need_no_bound() noexcept {
 // structures' slow paths decide. Until start-up has opened the fast path it
 // stays at the unregistered area, where before_startup's resolver put it.
 //
-// The started hot paths (rseq_cs.hpp, start_section()) test nothing before
-// their section, so the section users count (registration.hpp) must already
+// The started hot paths (rseq_cs.hpp, start_section()) test only the
+// started area's cpu_id before their section, not whether the thread has
+// counted itself, so the section users count (registration.hpp) must already
 // count every thread that can commit one on the area aimed at. Threads of
 // glibc's or a served library's area are registered without percpu, so
 // start-up counts them, once, before the store; each of percpu's own
