@@ -340,10 +340,15 @@ bool object_pool::push_chain_home(node* first, node* last, std::intptr_t count) 
 // thread without rseq's own cache or its hint CPU's (the ladder), then the
 // refill, kept apart so that those common cases pay for no more than a call.
 void* object_pool::allocate_slow() noexcept {
-  // The started section aborted (the ladder tries again, a bounded number
-  // of times), or found the cache empty or locked (then this fails at once
-  // too); or the thread has no rseq.
-  if (const std::intptr_t popped = lists_.pop_home(internal::section_area())) {
+  // A thread already known to have no rseq (its first section_area() said
+  // so) tries its own cache first, with nothing else asked: its common case,
+  // kept as short as deallocate_slow's. Otherwise the started section
+  // aborted (the ladder tries again, a bounded number of times), or found
+  // the cache empty or locked (then this fails at once too); or this is a
+  // thread's first operation without rseq.
+  std::intptr_t popped =
+      internal::t_section_state == internal::section_user::no_rseq ? lists_.pop_own() : 0;
+  if (popped != 0 || (popped = lists_.pop_home(internal::section_area())) != 0) {
     if (checks_) check_allocate(reinterpret_cast<void*>(popped));
     return reinterpret_cast<void*>(popped);
   }

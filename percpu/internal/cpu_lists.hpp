@@ -118,6 +118,9 @@ class cpu_lists {
   // thread without rseq its own or its hint CPU's), 0 when none is there or
   // none can be reached without waiting.
   [[nodiscard]] std::intptr_t pop_home(rseq_area* area) noexcept;
+  // Step 2 of that pop alone, for a caller that knows the thread has no
+  // rseq: a node from the thread's own list, 0 when it has none there.
+  [[nodiscard]] std::intptr_t pop_own() noexcept;
   // The ladder's push of the chain first..last (linked, last's link
   // whatever); false when no list took it (the caller still holds it).
   [[nodiscard]] bool push_home(rseq_area* area, std::intptr_t first, std::intptr_t last) noexcept;
@@ -218,16 +221,25 @@ bool cpu_lists::on_hint_cpu_list(Exclusive&& exclusive) noexcept {
   return false;
 }
 
+// The exclusive step of a pop, on a list the caller holds.
+[[nodiscard]] inline bool pop_held(std::intptr_t* head, std::intptr_t* popped) noexcept {
+  if (*head == 0) return false;
+  *popped = *head;
+  *head = node_link(*popped);
+  return true;
+}
+
 inline std::intptr_t cpu_lists::pop_home(rseq_area* area) noexcept {
   std::intptr_t popped = 0;
   at_home(
       area, [&](rseq_area* a) { return pop_local_head(a, slots_, count_, 0, &popped); },
-      [&](std::intptr_t* head) {
-        if (*head == 0) return false;
-        popped = *head;
-        *head = node_link(popped);
-        return true;
-      });
+      [&](std::intptr_t* head) { return pop_held(head, &popped); });
+  return popped;
+}
+
+inline std::intptr_t cpu_lists::pop_own() noexcept {
+  std::intptr_t popped = 0;
+  on_own_list([&](std::intptr_t* head) { return pop_held(head, &popped); });
   return popped;
 }
 

@@ -124,6 +124,43 @@ TEST(CpuListsTest, WithoutAnAreaTheOwnListComesFirst) {
   for (int cpu = 0; cpu < lists.count(); ++cpu) EXPECT_EQ(lists.head_of(cpu), 0) << cpu;
 }
 
+// pop_own() is step 2 alone: the thread's own list, top first, then 0 while
+// every CPU's list still holds nodes; and 0 from inside the thread's own
+// step (a signal handler that interrupted it), which it must not touch.
+TEST(CpuListsTest, PopOwnTakesOnlyTheThreadsOwnList) {
+  if (!thread_slots_usable()) GTEST_SKIP() << "no thread slots in this process: step 2 is absent";
+  if (fence_missing()) GTEST_SKIP() << "sections run and membarrier cannot fence: no lock";
+  cpu_lists lists;
+  ASSERT_NE(lists.own_thread_slot(), nullptr);
+  std::vector<std::vector<node>> per_cpu(lists.count(), std::vector<node>(2));
+  ASSERT_TRUE(fill_every_cpu_list(lists, per_cpu));
+  std::vector<node> own(3);
+  link(own);
+  ASSERT_TRUE(lists.at_home(nullptr, no_section, [&](std::intptr_t* head) {
+    *head = word(&own[0]);
+    return true;
+  }));
+
+  std::intptr_t inside = -1;
+  ASSERT_TRUE(lists.on_own_list([&](std::intptr_t*) {
+    inside = lists.pop_own();
+    return true;
+  }));
+  EXPECT_EQ(inside, 0) << "popped from the own list while this thread's own step held it";
+
+  std::vector<int> popped;  // -1: nothing popped
+  for (int i = 0; i < 5; ++i) {
+    const std::intptr_t n = lists.pop_own();
+    popped.push_back(n != 0 ? as_node(n)->id : -1);
+  }
+  EXPECT_EQ(popped, (std::vector<int>{0, 1, 2, -1, -1}));
+  EXPECT_EQ(lists.thread_head_of(thread_index()), 0);
+  for (int cpu = 0; cpu < lists.count(); ++cpu) {
+    EXPECT_EQ(lists.head_of(cpu), word(&per_cpu[cpu][0]))
+        << "pop_own() changed CPU " << cpu << "'s list";
+  }
+}
+
 // Step 2 declined (its `exclusive` answered false), the ladder goes on to
 // the hint CPU's list under the lock, and a second false ends it. The
 // locked step's head change is what that CPU's list holds afterwards.
