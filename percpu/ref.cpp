@@ -134,6 +134,18 @@ void ref::add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept
         }
       }
     }
+    // Killed (or being killed): the count is count_, one atomic. An add there
+    // is right at any time, since count_ is always part of the total; kill()
+    // folds into it whatever the slots and words hold, and takes each for
+    // good, so the steps below would end here too, after a section that
+    // fails on a locked word and a read of a poisoned one. A thread without
+    // rseq asks only after its own word's step: that step's read of killed_,
+    // after the enter, is the one kill()'s wait for the owners orders, and
+    // this earlier read of an unentered word would not be.
+    if (killed_.load(std::memory_order_relaxed) != 0) {
+      add_to_count(delta, only_if_alive, added);
+      return;
+    }
     if (area != nullptr) {
       for (int tries = 0; tries < internal::kSectionTries; ++tries) {
         const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
@@ -169,18 +181,7 @@ bool ref::try_get() noexcept {
   // Before kill() folds the slots in, the initial reference keeps the count
   // above zero, so the per-CPU paths may add; after, every slot is taken and
   // add_slow ends at count_, which refuses zero.
-  using internal::index_kind;
-  if (internal::rseq_area* area = internal::section_area()) {
-    const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-    if (static_cast<unsigned>(cpu) < static_cast<unsigned>(slot_count_)) {
-      std::intptr_t* word = &internal::stride_copy(slots_, static_cast<unsigned>(cpu))->rseq.head;
-      const std::intptr_t seen = *reinterpret_cast<volatile std::intptr_t*>(word);
-      if (seen != internal::kSlotLocked &&
-          internal::rseq_cmpeqv_storev<index_kind::cpu_id>(area, word, seen, seen + 2, cpu) == 0) {
-        return true;
-      }
-    }
-  }
+  if (add_local(2)) return true;
   bool added = false;
   add_slow(1, true, &added);
   return added;

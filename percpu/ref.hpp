@@ -159,24 +159,28 @@ class ref : private internal::fork_participant {
   bool rseq_on_slots_ = false;
 };
 
-// The hot path: a compare-and-store of the CPU's rseq word, value plus
-// `step` (+2 for get, -2 for put). A locked word (kill() took it) or an
-// unregistered thread makes it report false, and the caller goes to
-// add_slow().
+// The hot path: a started compare-and-store of the CPU's rseq word
+// (internal/rseq_cs.hpp, "The hot paths' form"), value plus `step` (+2 for
+// get, -2 for put). It reports false, and the caller goes to add_slow(), for
+// a thread with no registration on the sections' area (no rseq, before
+// start-up, the test seam), a ref without slots, a locked word (kill() took
+// it, or the ref keeps sections off its slots: their words start locked),
+// and an aborted section. The word is read before the section only once the
+// started area shows a CPU: the kernel keeps cpu_id_start a CPU id there,
+// below max_cpus(), so at a copy that exists. No mark of the thread is
+// needed for kill()'s lockers: the section users count covers every
+// registration a started section can commit under (cpu_slots.hpp, "The
+// started form").
 inline bool ref::add_local(std::intptr_t step) noexcept {
-  using internal::index_kind;
-  internal::rseq_area* area = internal::section_area();
-  if (area == nullptr) return false;
-  const int cpu = internal::rseq_current_index<index_kind::cpu_id>(area);
-  if (__builtin_expect(static_cast<unsigned>(cpu) >= static_cast<unsigned>(slot_count_), 0)) {
-    return false;
-  }
-  std::intptr_t* word = &internal::stride_copy(slots_, static_cast<unsigned>(cpu))->rseq.head;
+  const internal::section_start start = internal::start_section();
+  if (__builtin_expect(internal::started_area_unregistered(start), 0)) return false;
+  slot_words* s = slots_;
+  if (__builtin_expect(s == nullptr, 0)) return false;
+  std::intptr_t* word = &internal::stride_copy_at(s, start)->rseq.head;
   const std::intptr_t seen = *reinterpret_cast<volatile std::intptr_t*>(word);
   if (step < 0) PERCPU_TSAN_RELEASE(this);  // a put: after its last read of *this
   return __builtin_expect(seen != internal::kSlotLocked, 1) &&
-         __builtin_expect(internal::rseq_cmpeqv_storev<index_kind::cpu_id>(area, word, seen,
-                                                                           seen + step, cpu) == 0,
+         __builtin_expect(internal::rseq_cmpeqv_storev_started(start, word, seen, seen + step) == 0,
                           1);
 }
 

@@ -1007,9 +1007,9 @@ unsigned own_registration_length_for(unsigned long feature_size, unsigned long a
   return static_cast<unsigned>(length);
 }
 
-unsigned rseq_registration_length() noexcept {
-  rseq_area* area = thread_rseq_area();
-  if (area == nullptr) return 0;
+namespace {
+// The length `area`, this thread's registered area, was registered with.
+unsigned registration_length_of(rseq_area* area) noexcept {
   if (area == &own_area.area) return g_state.own_length;
   if (area == shared_area) return shared_length;
   if (is_served_other_area(area)) return g_state.other_length;
@@ -1025,6 +1025,12 @@ unsigned rseq_registration_length() noexcept {
   errno = saved_errno;
   return length;
 }
+}  // namespace
+
+unsigned rseq_registration_length() noexcept {
+  rseq_area* area = thread_rseq_area();
+  return area != nullptr ? registration_length_of(area) : 0;
+}
 
 namespace {
 // The registration pause_rseq_for_this_thread() took away, for resume.
@@ -1035,7 +1041,7 @@ __thread unsigned paused_length PERCPU_STATIC_TLS = 0;
 bool pause_rseq_for_this_thread() noexcept {
   if (paused_area == nullptr) {
     rseq_area* area = thread_rseq_area();
-    const unsigned length = area != nullptr ? rseq_registration_length() : 0;
+    const unsigned length = area != nullptr ? registration_length_of(area) : 0;
     const int saved_errno = errno;
     // EPERM (another signature): percpu's sections never run on that area.
     if (length != 0 && syscall(SYS_rseq, area, length, kRseqFlagUnregister, kRseqSignature) == 0) {

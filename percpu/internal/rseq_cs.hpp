@@ -126,6 +126,11 @@
 //   (cpu_slots.hpp, "The started form"). On x86-64 the started pop hands the
 //   popped node back in a register (see there).
 //
+//   ref's get and put (ref.hpp) are rseq_cmpeqv_storev_started after the
+//   same one test: the word is read before the section, which compares it
+//   again, and the test is what makes that early read safe (a registered
+//   area's cpu_id_start is a CPU id, so the word exists).
+//
 // Test seams (compile time):
 //   PERCPU_INJECT_DELAYS   a delay loop of g_inject_delay_loops iterations
 //                          inside every section, between its start and its

@@ -230,6 +230,14 @@ inline int rseq_addv_started(section_start start, std::intptr_t* v,
   return rseq_addv<index_kind::cpu_id>(start.area, v, count, static_cast<int>(start.cpu));
 }
 
+// rseq_cmpeqv_storev_started: rseq_cmpeqv_storev above, on the started
+// section's area and CPU.
+inline int rseq_cmpeqv_storev_started(section_start start, std::intptr_t* v,
+                                      std::intptr_t expect, std::intptr_t newv) noexcept {
+  return rseq_cmpeqv_storev<index_kind::cpu_id>(start.area, v, expect, newv,
+                                                static_cast<int>(start.cpu));
+}
+
 // The list pop and push (rseq_cmpabovev_storeoffp_load and
 // rseq_cmpnev_trystorev_storev, below), on the started section's area and
 // CPU.

@@ -68,6 +68,11 @@ inline int rseq_addv_started(section_start, std::intptr_t*, std::intptr_t) noexc
   return -1;
 }
 
+inline int rseq_cmpeqv_storev_started(section_start, std::intptr_t*, std::intptr_t,
+                                      std::intptr_t) noexcept {
+  return -1;
+}
+
 inline int rseq_cmpabovev_storeoffp_load_started(section_start, std::intptr_t*, std::uintptr_t,
                                                  long, std::intptr_t*) noexcept {
   return -1;

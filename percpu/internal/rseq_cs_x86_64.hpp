@@ -294,6 +294,79 @@ abort:
   return -1;
 }
 
+// rseq_cmpeqv_storev_started: compare-and-store (rseq_cmpeqv_storev), in a
+// started section.
+//
+//   pseudo-code:   if (area->cpu_id != start.cpu) return -1;
+//                  if (*v != expect) return 1;
+//                  *v = newv;                       <- commit
+//                  return 0;
+//   operands:      start.area -> %[area] (an offset: %fs-relative), v ->
+//                  %[v] (a memory operand), expect -> %[expect], newv ->
+//                  %[newv], start.cpu -> %k[cpu], %rax descriptor address
+//   labels:        start 1, commit "movq %[newv], %[v]", post-commit 2,
+//                  abort 4 -> C label abort (-1), exit cmpfail (1)
+inline int rseq_cmpeqv_storev_started(section_start start, std::intptr_t* v,
+                                      std::intptr_t expect, std::intptr_t newv) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[cmpfail]\n\t"
+      ".popsection\n\t"
+      "leaq 3b(%%rip), %%rax\n\t"
+      "movq %%rax, %%fs:%c[cs_offset](%[area])\n\t"
+      "1:\n\t"
+      "cmpl %k[cpu], %%fs:%c[index_offset](%[area])\n\t"
+      "jne %l[abort]\n\t"
+      "cmpq %[expect], %[v]\n\t"
+      "jne %l[cmpfail]\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "movl %[delay], %%ecx\n\t"
+      "5:\n\t"
+      "testl %%ecx, %%ecx\n\t"
+      "jz 6f\n\t"
+      "decl %%ecx\n\t"
+      "jmp 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "cmpl %k[cpu], %%fs:%c[index_offset](%[area])\n\t"
+      "je 7f\n\t"
+      "ud2\n\t"
+      "7:\n\t"
+#endif
+      "movq %[newv], %[v]\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
+      ".byte 0x0f, 0xb9, 0x3d\n\t"
+      ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "jmp %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(start.area), [v] "m"(*v), [expect] "r"(expect), [newv] "r"(newv),
+        [cpu] "r"(start.cpu), [cs_offset] "i"(kRseqCsOffset), [index_offset] "i"(kCpuIdOffset)
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "rax", "rcx"
+      : abort, cmpfail);
+  return 0;
+abort:
+  return -1;
+cmpfail:
+  return 1;
+}
+
 // rseq_cmpabovev_storeoffp_load_started: the list pop
 // (rseq_cmpabovev_storeoffp_load), in a started section.
 //
