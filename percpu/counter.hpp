@@ -12,7 +12,8 @@
 // When not to use it
 //   When you need the total on every update (use std::atomic), when reads
 //   are as frequent as writes (load() reads max_cpus() slots, each in
-//   another CPU's memory), or for
+//   another CPU's memory; cid_counter's reads the slots of the concurrency
+//   ids used so far, see below), or for
 //   a value that must never be observed half-updated across slots, such as a
 //   gauge that goes up and down: see "What load() returns".
 //
@@ -61,7 +62,40 @@
 //   page each would take 400 MB. The memory is mapped without malloc and
 //   without a lock, so the first add is async-signal-safe too; the
 //   destructor gives the words back for reuse. If no memory can be mapped,
-//   adds go to a single shared atomic and stay exact.
+//   adds go to a single shared atomic and stay exact. A cid_counter is the
+//   same: 16 bytes per concurrency id that adds to it, plus 16.
+//
+// Indexed by concurrency id: cid_counter
+//   percpu::cid_counter is the same counter with its slots indexed by the
+//   thread's concurrency id (concurrency_id(): the kernel's mm_cid, Linux
+//   6.3+) instead of its CPU. The kernel keeps those ids dense, below the
+//   number of possible CPUs and unique among the process's running threads,
+//   so a process of a few threads uses a few slots whatever the host's
+//   possible-CPU list says. What that changes:
+//     - load() reads only the slots of ids some cid_counter has used so far
+//       (internal/concurrency_limit.hpp: one limit for the process, raised
+//       out of line when a thread first adds under an id at or above it),
+//       not max_cpus() slots. On a host whose possible list is 0-4095, a
+//       2-thread process reads about 2 slots instead of 4,096.
+//     - slot(i) is what adds made under concurrency id i; threads without
+//       rseq add under their CPU's id, as concurrency_id() answers them.
+//       slots() is still max_cpus(); slots at or above the limit read 0.
+//     - The memory is the same per slot used; fewer slots get used (the
+//       ids that ran, not the CPUs), and the destructor reads only those.
+//     - add() is one section with one committing add, as counter::add(),
+//       which also reads the id's word and the limit and tests the id
+//       against it: measured at 1.4 to 1.6 times counter::add()'s time on
+//       one x86-64 host (docs/results.md, "Concurrency id"). Prefer counter
+//       where adds dominate and the possible list is short.
+//   Where the kernel keeps no mm_cid (before Linux 6.3, or an rseq area
+//   registered by another library that says it is shorter), the
+//   concurrency id is the CPU id, decided once at start-up
+//   (percpu-bench prints which): a cid_counter is then a counter whose
+//   load() reads the CPUs used so far. Without rseq it adds as counter does,
+//   by CPU, with an atomic. The choice is per counter, by type, so that
+//   neither add pays a test for the other; use counter where threads
+//   outnumber CPUs and cid_counter where a process runs a few threads on a
+//   host with many possible CPUs, or reads often.
 //
 // Thread safety and signals
 //   add(), increment() and decrement(): thread-safe, async-signal-safe and
@@ -82,17 +116,36 @@
 //   ThreadSanitizer in your build reports no race inside a counter; it
 //   orders nothing between threads, so it states no edge to TSan (README,
 //   "Sanitizers in your build").
+//   All of this holds for cid_counter as well.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 
 #include "percpu/cpu.hpp"
+#include "percpu/internal/concurrency_limit.hpp"
 #include "percpu/internal/rseq_cs.hpp"
 #include "percpu/internal/stride_arena.hpp"
 
 #pragma GCC visibility push(default)  // exported (see percpu/cpu.hpp)
 namespace percpu {
+namespace internal {
+
+// The sum of the words of indexes [0, count) from `s` on, read while adds
+// go on (see "What load() returns").
+template <class Words>
+inline std::int64_t sum_counter_words(const Words* s, unsigned count) noexcept {
+  std::int64_t sum = 0;
+  const Words* const end = stride_copy(s, count);
+  for (; s != end; s = stride_copy(s, 1)) {
+    // by_rseq: plain stores of sections under this index; read as a relaxed atomic.
+    sum += static_cast<std::int64_t>(__atomic_load_n(&s->by_rseq, __ATOMIC_RELAXED)) +
+           s->by_atomic.load(std::memory_order_relaxed);
+  }
+  return sum;
+}
+
+}  // namespace internal
 
 class counter {
  public:
@@ -119,6 +172,8 @@ class counter {
   int slots() const noexcept;
 
  private:
+  friend class cid_counter;  // the same words, by concurrency id
+
   // One per CPU, CPU c's at internal::stride_copy(slots_, c): in CPU c's
   // region of the per-CPU memory, beside the words of other counters that
   // CPU writes. `by_rseq` is written only by rseq sections running on this
@@ -171,16 +226,76 @@ inline std::int64_t counter::load() const noexcept {
   std::int64_t sum = unmapped_.load(std::memory_order_relaxed);
   const slot_words* s = slots_.load(std::memory_order_acquire);
   if (s == nullptr) return sum;
-  // At least 1: start-up's max_cpus(), stored before any slots existed.
-  const unsigned count = __atomic_load_n(&internal::g_fast_path.cpu_limit, __ATOMIC_RELAXED);
-  const slot_words* const end = internal::stride_copy(s, count);
-  do {
-    // by_rseq: plain stores of sections on this slot's CPU; read as a relaxed atomic.
-    sum += static_cast<std::int64_t>(__atomic_load_n(&s->by_rseq, __ATOMIC_RELAXED)) +
-           s->by_atomic.load(std::memory_order_relaxed);
-    s = internal::stride_copy(s, 1);
-  } while (s != end);
-  return sum;
+  // Start-up's max_cpus(), stored before any slots existed.
+  return sum + internal::sum_counter_words(
+                   s, __atomic_load_n(&internal::g_fast_path.cpu_limit, __ATOMIC_RELAXED));
+}
+
+// A counter whose slots are indexed by concurrency id (see "Indexed by
+// concurrency id: cid_counter" above). The same members as counter, with
+// the same contracts, except where that section says.
+class cid_counter {
+ public:
+  constexpr cid_counter() noexcept = default;
+  ~cid_counter();
+  cid_counter(const cid_counter&) = delete;
+  cid_counter& operator=(const cid_counter&) = delete;
+
+  // Adds `delta` to the slot of the calling thread's concurrency id.
+  void add(std::int64_t delta) noexcept;
+  void increment() noexcept { add(1); }
+  void decrement() noexcept { add(-1); }
+
+  // The sum over the slots of the ids used so far, plus the adds made while
+  // no memory could be mapped.
+  std::int64_t load() const noexcept;
+
+  // The part of the sum held by slot `id`. Valid indexes are [0, slots());
+  // out of range as counter::slot().
+  std::int64_t slot(int id) const noexcept;
+
+  // The number of slots: max_cpus(), which bounds every concurrency id.
+  int slots() const noexcept;
+
+ private:
+  // Concurrency id i's at internal::stride_copy(slots_, i); `by_rseq` is
+  // written only by sections running under id i.
+  using slot_words = counter::slot_words;
+
+  PERCPU_LOCAL slot_words* allocate() noexcept;
+  void add_slow(std::int64_t delta) noexcept;
+
+  // Id 0's slot, or nullptr until the first add() takes the slots
+  // (max_cpus() of them, as counter's).
+  std::atomic<slot_words*> slots_{nullptr};
+  std::atomic<std::int64_t> unmapped_{0};
+};
+
+// The hot path: one section that reads the thread's concurrency id, tests
+// it against the concurrency limit (so the slot exists and readers walk it)
+// and commits with a single add at that id's slot. An id at or above the
+// limit (a new high), no slots yet, no registration on the sections' area
+// (no rseq, before start-up) and an aborted section go to add_slow().
+inline void cid_counter::add(std::int64_t delta) noexcept {
+  const internal::cid_start start = internal::start_cid_section();
+  slot_words* s = slots_.load(std::memory_order_relaxed);
+  if (__builtin_expect(s != nullptr, 1) &&
+      __builtin_expect(
+          internal::rseq_addv_cid_started(start, &s->by_rseq, internal::concurrency_limit(),
+                                          static_cast<std::intptr_t>(delta)) == 0,
+          1)) {
+    return;
+  }
+  add_slow(delta);
+}
+
+// Reads the slots below the concurrency limit: every add that happened
+// before the call wrote below what it loads (internal/concurrency_limit.hpp).
+inline std::int64_t cid_counter::load() const noexcept {
+  std::int64_t sum = unmapped_.load(std::memory_order_relaxed);
+  const slot_words* s = slots_.load(std::memory_order_acquire);
+  if (s == nullptr) return sum;
+  return sum + internal::sum_counter_words(s, internal::concurrency_limit());
 }
 
 }  // namespace percpu

@@ -3,6 +3,12 @@
 //   PerCpuAtomic     one cache-line atomic per CPU, indexed by cpu_id()
 //   CounterAdd       percpu::counter (rseq add on the CPU's slot)
 //   ThreadLocal      a plain thread_local increment in memory: the limit
+//   CidCounterAdd    percpu::cid_counter (rseq add on the concurrency id's slot)
+// and the readers, each sum once two threads have added:
+//   CounterLoad      percpu::counter::load(): max_cpus() slots
+//   CidCounterLoad   percpu::cid_counter::load(): the ids used so far
+// On a host whose possible-CPU list is long, or with one bind-mounted over
+// sysfs's (docs/results.md, "Concurrency id"), the two loads part ways.
 //
 // Compare ratios within one run, e.g.
 //   counter_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
@@ -14,6 +20,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <thread>
 
 #include "percpu/counter.hpp"
 #include "percpu/cpu.hpp"
@@ -21,6 +29,9 @@
 namespace {
 
 percpu::counter g_counter;
+percpu::cid_counter g_cid_counter;
+percpu::counter g_read_counter;
+percpu::cid_counter g_read_cid_counter;
 std::atomic<std::int64_t> g_shared{0};
 
 struct alignas(64) padded_atomic {
@@ -53,6 +64,22 @@ void BM_CounterAdd(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+void BM_CidCounterAdd(benchmark::State& state) {
+  label(state);
+  for (auto _ : state) g_cid_counter.add(1);
+  state.SetItemsProcessed(state.iterations());
+}
+
+void BM_CounterLoad(benchmark::State& state) {
+  state.SetLabel("slots=" + std::to_string(percpu::max_cpus()));
+  for (auto _ : state) benchmark::DoNotOptimize(g_read_counter.load());
+}
+
+void BM_CidCounterLoad(benchmark::State& state) {
+  state.SetLabel("limit=" + std::to_string(percpu::internal::concurrency_limit()));
+  for (auto _ : state) benchmark::DoNotOptimize(g_read_cid_counter.load());
+}
+
 void BM_ThreadLocal(benchmark::State& state) {
   for (auto _ : state) {
     ++t_local;
@@ -65,11 +92,28 @@ BENCHMARK(BM_SharedAtomic)->Threads(1)->Threads(2)->Threads(12);
 BENCHMARK(BM_PerCpuAtomic)->Threads(1)->Threads(2)->Threads(12);
 BENCHMARK(BM_CounterAdd)->Threads(1)->Threads(2)->Threads(12);
 BENCHMARK(BM_ThreadLocal)->Threads(1)->Threads(2)->Threads(12);
+BENCHMARK(BM_CidCounterAdd)->Threads(1)->Threads(2)->Threads(12);
+BENCHMARK(BM_CounterLoad);
+BENCHMARK(BM_CidCounterLoad);
+
+void add_to_read_counters() {
+  for (int i = 0; i < 1000; ++i) {
+    g_read_counter.add(1);
+    g_read_cid_counter.add(1);
+  }
+}
 
 struct setup {
   setup() {
     g_per_cpu.reset(new padded_atomic[static_cast<std::size_t>(percpu::max_cpus())]);
     g_counter.add(0);  // map the slots outside the timed loops
+    g_cid_counter.add(0);
+    // The readers' counters: two threads add to each, as the issue's
+    // two-thread process would.
+    std::thread a([] { add_to_read_counters(); });
+    std::thread b([] { add_to_read_counters(); });
+    a.join();
+    b.join();
   }
 } g_setup;
 

@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 #include <linux/audit.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -26,10 +28,12 @@
 #include <memory>
 #include <new>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "percpu/cpu.hpp"
+#include "percpu/internal/registration.hpp"
 #include "tests/stress/stress.hpp"
 #include "tests/support/address_limit.hpp"
 #include "tests/support/pages.hpp"
@@ -328,12 +332,19 @@ TEST(CounterTest, FirstAddInASignalHandler) {
 // ---- stress ------------------------------------------------------------------
 
 constexpr int kSignal = SIGUSR2;
-counter* g_signal_counter = nullptr;
+// The counter the handler adds to (a counter or a cid_counter) and how.
+void* g_signal_counter = nullptr;
+void (*g_signal_add)(void*) = nullptr;
 std::atomic<long> g_handler_adds{0};
 
+template <class C>
+void add_three(void* c) {
+  static_cast<C*>(c)->add(3);
+}
+
 void on_signal(int) {
-  if (counter* c = g_signal_counter) {
-    c->add(3);
+  if (void* c = g_signal_counter) {
+    g_signal_add(c);
     g_handler_adds.fetch_add(3, std::memory_order_relaxed);
   }
 }
@@ -346,12 +357,14 @@ struct run_options {
 
 // kWorkers threads on 2 CPUs add to `c` until stopped; returns what they
 // (and their signal handlers) added.
-long hammer(counter& c, const run_options& options) {
+template <class C>
+long hammer(C& c, const run_options& options) {
   const std::vector<int> cpus = stress::test_cpus(2);
   const std::vector<int> saved = stress::allowed_cpus();
   EXPECT_TRUE(stress::restrict_to(cpus));
   if (options.signals) {
     g_handler_adds.store(0);
+    g_signal_add = add_three<C>;
     g_signal_counter = &c;
     stress::install_handler(kSignal, on_signal);
   }
@@ -394,7 +407,8 @@ long hammer(counter& c, const run_options& options) {
   return total;
 }
 
-void expect_slots_sum_to_load(const counter& c) {
+template <class C>
+void expect_slots_sum_to_load(const C& c) {
   std::int64_t sum = 0;
   for (int i = 0; i < c.slots(); ++i) sum += c.slot(i);
   EXPECT_EQ(sum, c.load());
@@ -728,6 +742,407 @@ TEST(CounterStressTest, ForkDuringHeavyUse) {
   std::printf("forked %d children, %d exact\n", children, good_children);
   EXPECT_GT(children, 0);
   EXPECT_EQ(c.load(), added.load()) << "the parent's sum must not be disturbed by fork";
+}
+
+// ---- cid_counter: slots indexed by concurrency id --------------------------
+
+cid_counter g_cid_global;  // constant-initialised, as a counter
+
+// The layout of a counter's words at one index (counter::slot_words), for
+// the tests that read or plant a word where no add can go.
+struct counter_words_view {
+  std::intptr_t by_rseq;
+  std::atomic<std::int64_t> by_atomic;
+};
+
+const void* mapped_slots(const cid_counter& c);
+template <auto Slots>
+struct expose_cid_counter_slots {
+  friend const void* mapped_slots(const cid_counter& c) {
+    return (c.*Slots).load(std::memory_order_acquire);
+  }
+};
+template struct expose_cid_counter_slots<&cid_counter::slots_>;
+
+TEST(CidCounterTest, GlobalStartsAtZeroAndCounts) {
+  EXPECT_EQ(g_cid_global.load(), 0);
+  EXPECT_EQ(mapped_slots(g_cid_global), nullptr);
+  g_cid_global.increment();
+  g_cid_global.increment();
+  g_cid_global.decrement();
+  g_cid_global.add(41);
+  g_cid_global.add(-2);
+  EXPECT_EQ(g_cid_global.load(), 40);
+  EXPECT_NE(mapped_slots(g_cid_global), nullptr);
+}
+
+// Every add lands below the concurrency limit, which stays within
+// max_cpus(); the slots at or above it read zero and all of them sum to
+// load().
+TEST(CidCounterTest, SlotsBelowTheLimitSumToLoad) {
+  cid_counter c;
+  EXPECT_EQ(c.slots(), max_cpus());
+  for (int i = 0; i < 1000; ++i) c.add(i % 7 - 3);
+  std::int64_t expected = 0;
+  for (int i = 0; i < 1000; ++i) expected += i % 7 - 3;
+  EXPECT_EQ(c.load(), expected);
+  const unsigned limit = internal::concurrency_limit();
+  ASSERT_GE(limit, 1u);
+  ASSERT_LE(limit, static_cast<unsigned>(max_cpus()));
+  std::int64_t sum = 0;
+  for (int i = 0; i < c.slots(); ++i) {
+    sum += c.slot(i);
+    if (static_cast<unsigned>(i) >= limit) {
+      EXPECT_EQ(c.slot(i), 0) << "slot " << i;
+    }
+  }
+  EXPECT_EQ(sum, expected);
+}
+
+// "slot(i) is what adds made under concurrency id i": an add bracketed by
+// two equal answers of concurrency_id() lands in that id's slot, where the
+// structures run sections. Without them it lands, by CPU, in a slot below
+// the limit.
+TEST(CidCounterTest, AddsLandInTheSlotOfTheConcurrencyId) {
+  cid_counter c;
+  c.add(0);
+  if (sections_status() != sections::on) {
+    c.add(12);
+    std::int64_t below = 0;
+    for (unsigned i = 0; i < internal::concurrency_limit(); ++i)
+      below += c.slot(static_cast<int>(i));
+    EXPECT_EQ(below, 12) << "sections: " << to_string(sections_status());
+    return;
+  }
+  int landed = 0;
+  for (int attempt = 0; attempt < 1000 && landed < 20; ++attempt) {
+    const int before = concurrency_id();
+    const std::int64_t slot_before = c.slot(before);
+    c.add(7);
+    const int after = concurrency_id();
+    if (before != after) continue;
+    EXPECT_EQ(c.slot(before), slot_before + 7) << "concurrency id " << before;
+    ++landed;
+  }
+  EXPECT_EQ(landed, 20) << "the concurrency id kept changing around adds";
+}
+
+TEST(CidCounterTest, ExtremeDeltas) {
+  cid_counter c;
+  c.add(INT64_MAX / 2);
+  c.add(INT64_MAX / 2);
+  c.add(-(INT64_MAX / 2));
+  EXPECT_EQ(c.load(), INT64_MAX / 2);
+}
+
+// The destructor zeroes only the slots below the limit; a cid_counter made
+// on the reused words must still start at zero, and a late use of a
+// destroyed one must read zero and count again.
+TEST(CidCounterTest, DestroyedCountersReadZeroAndTheirWordsComeBackZero) {
+  for (int round = 0; round < 100; ++round) {
+    auto c = std::make_unique<cid_counter>();
+    EXPECT_EQ(c->load(), 0) << "round " << round;
+    for (int i = 0; i < 10; ++i) c->add(round + 1);
+    EXPECT_EQ(c->load(), 10 * (round + 1));
+  }
+  const int status = stress::run_in_child(
+      [] {
+        alignas(cid_counter) unsigned char storage[sizeof(cid_counter)];
+        cid_counter* c = new (storage) cid_counter;
+        c->add(7);
+        if (c->load() != 7) return 1;
+        c->~cid_counter();
+        if (c->load() != 0) return 2;
+        c->add(5);
+        if (c->load() != 5) return 3;
+        c->~cid_counter();
+        return 0;
+      },
+      std::chrono::seconds(60));
+  EXPECT_EQ(status, 0) << "1: bad count before destruction; 2: a destroyed cid_counter does "
+                          "not read zero; 3: a late add was lost; 128+n: killed by signal n";
+}
+
+// "the destructor reads [and zeroes] only those": every slot below the
+// limit, the highest included. A word is put in the highest slot below the
+// limit directly (no thread may have that id now), the counter destroyed,
+// and the next cid_counter, which the arena hands the same words, must read
+// zero there.
+TEST(CidCounterTest, TheDestructorZeroesEverySlotBelowTheLimit) {
+  auto first = std::make_unique<cid_counter>();
+  first->add(1);
+  const unsigned limit = internal::concurrency_limit();
+  ASSERT_GE(limit, 1u);
+  auto* words = static_cast<counter_words_view*>(const_cast<void*>(mapped_slots(*first)));
+  ASSERT_NE(words, nullptr);
+  internal::stride_copy(words, limit - 1)->by_atomic.fetch_add(1000);
+  EXPECT_EQ(first->load(), 1001);
+  first.reset();
+  auto second = std::make_unique<cid_counter>();
+  second->add(0);
+  EXPECT_EQ(mapped_slots(*second), words) << "the arena did not hand the same words back";
+  EXPECT_EQ(second->load(), 0) << "a slot below the limit was not zeroed";
+  EXPECT_EQ(second->slot(static_cast<int>(limit - 1)), 0);
+}
+
+// The section's test of the area's cpu_id: a thread whose area is not
+// registered (here unregistered on purpose; the kernel then shows cpu_id -1
+// and mm_cid 0, as glibc's area does for a thread whose registration
+// failed) must not commit at id 0's rseq word, where a registered thread
+// may be adding at the same time; its adds go to the atomic words.
+TEST(CidCounterTest, AThreadWithoutARegistrationAddsWithAtomics) {
+  cid_counter c;
+  c.add(0);
+  auto* words = static_cast<counter_words_view*>(const_cast<void*>(mapped_slots(c)));
+  ASSERT_NE(words, nullptr);
+  auto rseq_words = [&] {
+    std::int64_t sum = 0;
+    for (int i = 0; i < max_cpus(); ++i) {
+      sum += __atomic_load_n(&internal::stride_copy(words, static_cast<unsigned>(i))->by_rseq,
+                             __ATOMIC_RELAXED);
+    }
+    return sum;
+  };
+  std::int64_t by_rseq = -1;
+  std::thread paused([&] {
+    c.add(0);  // registers the thread where that is percpu's job
+    ASSERT_TRUE(internal::pause_rseq_for_this_thread()) << "the thread's sections still commit";
+    for (int i = 0; i < 100; ++i) c.add(1);
+    by_rseq = rseq_words();
+    internal::resume_rseq_for_this_thread();
+  });
+  paused.join();
+  EXPECT_EQ(by_rseq, 0) << "a thread without a registration committed a section";
+  EXPECT_EQ(c.load(), 100);
+}
+
+#ifdef NDEBUG
+TEST(CidCounterTest, OutOfRangeSlotReadsZeroInReleaseBuilds) {
+  cid_counter c;
+  c.add(3);
+  EXPECT_EQ(c.slot(-1), 0);
+  EXPECT_EQ(c.slot(c.slots()), 0);
+  EXPECT_EQ(c.load(), 3);
+}
+#else
+TEST(CidCounterDeathTest, OutOfRangeSlotAbortsInDebugBuilds) {
+  cid_counter c;
+  c.add(3);
+  EXPECT_DEATH((void)c.slot(-1), "percpu::cid_counter::slot\\(-1\\): index out of range \\[0, ");
+  EXPECT_DEATH((void)c.slot(c.slots()), "index out of range");
+  EXPECT_EQ(c.load(), 3);
+}
+#endif
+
+TEST(CidCounterStressTest, Oversubscribed) {
+  cid_counter c;
+  const long expected = hammer(c, {});
+  EXPECT_EQ(c.load(), expected);
+  expect_slots_sum_to_load(c);
+}
+
+TEST(CidCounterStressTest, SignalsAndAffinityFlippingTogether) {
+  cid_counter c;
+  run_options options;
+  options.signals = true;
+  options.flip_affinity = true;
+  const long expected = hammer(c, options);
+  EXPECT_EQ(c.load(), expected);
+  expect_slots_sum_to_load(c);
+}
+
+// Threads come and go, so concurrency ids are handed out again and again.
+TEST(CidCounterStressTest, ThreadChurn) {
+  cid_counter c;
+  const long threads = stress::scaled(600L);
+  stress::churn(threads, kWorkers, [&](long n) {
+    for (int i = 0; i < 500; ++i) c.add(n % 2 == 0 ? 1 : 3);
+  });
+  long expected = 0;
+  for (long n = 0; n < threads; ++n) expected += 500 * (n % 2 == 0 ? 1 : 3);
+  EXPECT_EQ(c.load(), expected);
+}
+
+// Threads whose rseq(2) fails (percpu's own registration refused) add by
+// CPU with atomics, beside threads adding by concurrency id in sections.
+TEST(CidCounterStressTest, RseqAndFallbackThreadsOnTheSameSlots) {
+  (void)cpu_id();
+  if (rseq_ownership() != rseq_owner::percpu) {
+    GTEST_SKIP() << "needs percpu's own registration (the .own variant); rseq owner here: "
+                 << to_string(rseq_ownership());
+  }
+  cid_counter c;
+  const std::vector<int> cpus = stress::test_cpus(2);
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to(cpus));
+  std::atomic<long> added{0};
+  std::atomic<int> on_fallback{0}, filter_failures{0};
+  {
+    stress::worker_group workers(kWorkers, [&](int w, const stress::stop_flag& stop) {
+      if (w % 2 == 1 && !deny_rseq_for_this_thread()) filter_failures++;
+      c.add(1);
+      if (backend() != cpu_backend::rseq) on_fallback++;
+      long mine = 1;
+      while (!stop) {
+        for (int i = 0; i < 64; ++i) c.add(w % 3 == 0 ? -1 : 2);
+        mine += 64 * (w % 3 == 0 ? -1 : 2);
+      }
+      added.fetch_add(mine);
+    });
+    stress::affinity_flipper flipper(workers, cpus, std::chrono::microseconds(300));
+    stress::sleep_scaled(std::chrono::milliseconds(600));
+    flipper.stop();
+    workers.stop_and_join();
+  }
+  stress::restrict_to(saved);
+  EXPECT_EQ(filter_failures.load(), 0);
+  EXPECT_EQ(on_fallback.load(), kWorkers / 2);
+  EXPECT_EQ(c.load(), added.load());
+  expect_slots_sum_to_load(c);
+}
+
+// The parent's workers keep adding while the main thread forks; the child's
+// threads take concurrency ids of their own process.
+TEST(CidCounterStressTest, ForkDuringHeavyUse) {
+  cid_counter c;
+  std::atomic<long> added{0};
+  int children = 0;
+  {
+    stress::worker_group workers(kWorkers, [&](int, const stress::stop_flag& stop) {
+      long mine = 0;
+      while (!stop) {
+        for (int i = 0; i < 64; ++i) c.increment();
+        mine += 64;
+      }
+      added.fetch_add(mine);
+    });
+    const auto until =
+        std::chrono::steady_clock::now() + stress::scaled(std::chrono::milliseconds(300));
+    while (std::chrono::steady_clock::now() < until) {
+      const int status = stress::run_in_child(
+          [&c] {
+            const std::int64_t base = c.load();
+            std::vector<std::thread> threads;
+            for (int t = 0; t < kWorkers; ++t) {
+              threads.emplace_back([&c] {
+                for (int i = 0; i < 20000; ++i) c.add(2);
+              });
+            }
+            for (std::thread& t : threads) t.join();
+            return c.load() == base + std::int64_t{kWorkers} * 20000 * 2 ? 0 : 1;
+          },
+          std::chrono::seconds(60));
+      ++children;
+      EXPECT_EQ(status, 0) << "child " << children;
+    }
+    workers.stop_and_join();
+  }
+  EXPECT_GT(children, 0);
+  EXPECT_EQ(c.load(), added.load());
+}
+
+// ---- cid_counter with 4,096 possible CPUs ---------------------------------
+//
+// The case the type is for: a host whose possible list is far longer than
+// what the process uses. CidCounterTest.WithFourThousandPossibleCpus runs
+// this binary again, in a mount namespace of its own where
+// /sys/devices/system/cpu/possible says 0-4095 (root only), with the filter
+// below; PERCPU_TEST_REAL_MAX_CPUS carries the real bound.
+
+constexpr char kWideFilter[] = "--gtest_filter=CidCounterWideTest.*";
+
+TEST(CidCounterWideTest, ReadersWalkOnlyTheIdsUsed) {
+  const char* real = std::getenv("PERCPU_TEST_REAL_MAX_CPUS");
+  if (real == nullptr) GTEST_SKIP() << "runs inside CidCounterTest.WithFourThousandPossibleCpus";
+  ASSERT_EQ(max_cpus(), 4096) << "the bind-mounted possible list was not read";
+  cid_counter by_id;
+  counter by_cpu;
+  // This process's first concurrency ids: two threads, each on a CPU of its
+  // own and adding at the same time, hold two ids, one of them a new high
+  // the limit must be raised to before the add there (the first add, which
+  // takes the slots, raises it only to its own thread's id).
+  const std::vector<int> cpus = stress::test_cpus(2);
+  {
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t) {
+      threads.emplace_back([&, t] {
+        stress::restrict_to({cpus[static_cast<std::size_t>(t) % cpus.size()]});
+        ready.fetch_add(1);
+        while (ready.load() < 2) {
+        }
+        for (int i = 0; i < 100000; ++i) {
+          by_id.add(1);
+          by_cpu.add(1);
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  EXPECT_EQ(by_id.load(), 200000);
+  EXPECT_EQ(by_cpu.load(), 200000);
+  // Concurrency ids and CPUs are both below the kernel's real bound, so the
+  // limit is too, far below the 4,096 a counter's load() walks.
+  const unsigned limit = internal::concurrency_limit();
+  std::printf(
+      "possible 0-4095, real max_cpus %s: concurrency limit %u, sections %s, "
+      "feature size %u\n",
+      real, limit, to_string(sections_status()), rseq_feature_size());
+  EXPECT_GE(limit, 1u);
+  EXPECT_LE(limit, static_cast<unsigned>(std::atoi(real)));
+  // What load() reads: a word written at the limit, where no add can have
+  // gone, is not in a cid_counter's sum; at the last possible CPU it is in
+  // a counter's (the check that such a write is seen at all).
+  auto* id_words = static_cast<counter_words_view*>(const_cast<void*>(mapped_slots(by_id)));
+  auto* cpu_words = static_cast<counter_words_view*>(const_cast<void*>(mapped_slots(by_cpu)));
+  ASSERT_NE(id_words, nullptr);
+  ASSERT_NE(cpu_words, nullptr);
+  internal::stride_copy(id_words, limit)->by_atomic.store(1000);
+  internal::stride_copy(cpu_words, 4095u)->by_atomic.store(1000);
+  EXPECT_EQ(by_id.load(), 200000) << "load() read a slot at or above the concurrency limit";
+  EXPECT_EQ(by_cpu.load(), 201000);
+  internal::stride_copy(id_words, limit)->by_atomic.store(0);
+  internal::stride_copy(cpu_words, 4095u)->by_atomic.store(0);
+}
+
+TEST(CidCounterTest, WithFourThousandPossibleCpus) {
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const std::string real = std::to_string(max_cpus());
+  const pid_t child = fork();
+  if (child == 0) {
+    close(out[0]);
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+      _exit(100);
+    }
+    char path[64];
+    std::snprintf(path, sizeof(path), "/tmp/percpu-possible-4096-%d", static_cast<int>(getpid()));
+    FILE* list = std::fopen(path, "w");
+    if (list == nullptr || std::fputs("0-4095\n", list) < 0 || std::fclose(list) != 0) _exit(101);
+    if (mount(path, "/sys/devices/system/cpu/possible", nullptr, MS_BIND, nullptr) != 0) {
+      _exit(102);
+    }
+    setenv("PERCPU_TEST_REAL_MAX_CPUS", real.c_str(), 1);
+    dup2(out[1], STDOUT_FILENO);
+    execl("/proc/self/exe", "counter_test", kWideFilter, static_cast<char*>(nullptr));
+    _exit(103);
+  }
+  close(out[1]);
+  std::string text;
+  char buffer[512];
+  ssize_t n;
+  while ((n = read(out[0], buffer, sizeof(buffer))) > 0)
+    text.append(buffer, static_cast<size_t>(n));
+  close(out[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (code == 100) GTEST_SKIP() << "cannot make a mount namespace here (needs root)";
+  if (code == 102) GTEST_SKIP() << "no /sys/devices/system/cpu/possible to bind a list over";
+  std::printf("%s", text.c_str());
+  EXPECT_EQ(code, 0) << "101: cannot write the list, 103: cannot run this binary again";
+  EXPECT_NE(text.find("[  PASSED  ] 1 test"), std::string::npos) << "the wide case did not run";
 }
 
 }  // namespace

@@ -46,6 +46,14 @@ const char* to_string(sections status) noexcept {
   return "unknown";
 }
 
+const char* to_string(concurrency_source source) noexcept {
+  switch (source) {
+    case concurrency_source::mm_cid: return "mm_cid";
+    case concurrency_source::cpu_id: return "cpu_id";
+  }
+  return "unknown";
+}
+
 namespace {
 // max_cpus() and whether it bounds every id the kernel reports, computed
 // together; a racing second computation stores the same values.

@@ -109,6 +109,19 @@ int node_id() noexcept;
 // Prefer it for per-CPU arrays in processes confined to a few CPUs.
 int concurrency_id() noexcept;
 
+// What concurrency_id() answers on the calling thread: the kernel's mm_cid
+// where the rseq area serving the thread has one (Linux 6.3+, feature size
+// at least 28; decided once at start-up for the process), else the CPU id
+// (an older kernel, another library's area that says it is shorter, a
+// thread without rseq). Registers the thread first if due.
+enum class concurrency_source {
+  mm_cid,
+  cpu_id,
+};
+concurrency_source concurrency_id_source() noexcept;
+// "mm_cid" or "cpu_id".
+const char* to_string(concurrency_source source) noexcept;
+
 // The number of possible CPU ids: one more than the highest id in
 // /sys/devices/system/cpu/possible (sparse masks handled). Where /sys cannot
 // be read (containers, sandboxes), the size of the kernel's cpumask, which

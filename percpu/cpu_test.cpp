@@ -465,6 +465,21 @@ bool mm_cid_served() {
          rseq_feature_size() >= internal::kFeatureSizeMmCid;
 }
 
+// concurrency_id_source() names what concurrency_id() reads: mm_cid exactly
+// where the kernel keeps it for this thread's area, the CPU id elsewhere.
+TEST(ConcurrencyId, TheSourceSaysWhichFieldIsRead) {
+  const concurrency_source source = concurrency_id_source();
+  EXPECT_EQ(source,
+            backend() == cpu_backend::rseq && rseq_feature_size() >= internal::kFeatureSizeMmCid
+                ? concurrency_source::mm_cid
+                : concurrency_source::cpu_id);
+  EXPECT_STREQ(to_string(source), source == concurrency_source::mm_cid ? "mm_cid" : "cpu_id");
+  if (source == concurrency_source::mm_cid) {
+    EXPECT_EQ(internal::g_fast_path.concurrency_id - internal::g_fast_path.area,
+              static_cast<std::intptr_t>(internal::kMmCidOffset));
+  }
+}
+
 // The area's mm_cid, read the way the kernel writes it.
 int area_mm_cid() {
   return __atomic_load_n(&internal::registered_rseq_area()->mm_cid, __ATOMIC_RELAXED);

@@ -10,7 +10,8 @@
 // PERCPU_PROBE_STRUCTURES=N then also prints list_bytes=L pool_bytes=P: the
 // resident anonymous memory that N free_lists, and then N object_pools of
 // 64-byte objects, each used once by this thread on one CPU, added per
-// instance (for the memory a possible list of thousands of CPUs costs).
+// instance (for the memory a possible list of thousands of CPUs costs),
+// then counter_bytes=C cid_counter_bytes=D for 10 N of each.
 #include <sched.h>
 
 #include <cstdio>
@@ -58,7 +59,21 @@ void print_structure_bytes(long n) {
   const long pool = bytes_each<percpu::object_pool>(
       n, [] { return std::make_unique<percpu::object_pool>(64); },
       [](percpu::object_pool& p) { p.deallocate(p.allocate()); });
-  std::printf(" list_bytes=%ld pool_bytes=%ld", list, pool);
+  // Ten times as many counters (16 bytes a CPU each, where a list or a
+  // pool takes more), each added to once; the cid_counters also read once,
+  // which reads the words of the ids used (a counter's load() would read
+  // every possible CPU's, the zero page where they were never written).
+  const long by_cpu = bytes_each<percpu::counter>(
+      10 * n, [] { return std::make_unique<percpu::counter>(); },
+      [](percpu::counter& c) { c.add(1); });
+  const long by_id = bytes_each<percpu::cid_counter>(
+      10 * n, [] { return std::make_unique<percpu::cid_counter>(); },
+      [](percpu::cid_counter& c) {
+        c.add(1);
+        if (c.load() != 1) std::abort();
+      });
+  std::printf(" list_bytes=%ld pool_bytes=%ld counter_bytes=%ld cid_counter_bytes=%ld", list, pool,
+              by_cpu, by_id);
 }
 
 }  // namespace

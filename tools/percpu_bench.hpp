@@ -80,6 +80,7 @@ struct environment {
   bool optimized = false;
   std::string rseq_owner;
   unsigned rseq_feature_size = 0;
+  std::string concurrency_id_source;  // percpu::concurrency_id_source()
   std::string cpu_id_backend;
   std::string fallback_backend;
   std::string rseq_sections;  // percpu::sections_status(): "on" or why not

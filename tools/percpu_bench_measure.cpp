@@ -385,6 +385,7 @@ environment gather_environment() {
   env.cpu_id_backend = to_string(backend());  // registers first if due
   env.rseq_owner = to_string(rseq_ownership());
   env.rseq_feature_size = rseq_feature_size();
+  env.concurrency_id_source = to_string(concurrency_id_source());
   env.fallback_backend = to_string(fallback_backend());
   env.rseq_sections = to_string(sections_status());
   return env;

@@ -96,6 +96,8 @@ void print_environment(const run_result& run, std::FILE* out) {
                e.optimized ? "" : " (NOT optimized: figures mean little)");
   std::fprintf(out, "   rseq owner:         %s\n", e.rseq_owner.c_str());
   std::fprintf(out, "   rseq feature size:  %u\n", e.rseq_feature_size);
+  std::fprintf(out, "   concurrency_id():   %s (what cid_counter indexes by)\n",
+               e.concurrency_id_source.c_str());
   std::fprintf(out, "   cpu_id() backend:   %s (fallback for threads without rseq: %s)\n",
                e.cpu_id_backend.c_str(), e.fallback_backend.c_str());
   std::fprintf(out, "   rseq sections:      %s%s\n",
@@ -657,6 +659,7 @@ bool write_json(const run_result& run, const std::string& path, std::string* err
                         {"optimized", e.optimized},
                         {"rseq_owner", e.rseq_owner},
                         {"rseq_feature_size", e.rseq_feature_size},
+                        {"concurrency_id_source", e.concurrency_id_source},
                         {"cpu_id_backend", e.cpu_id_backend},
                         {"fallback_backend", e.fallback_backend},
                         {"rseq_sections", e.rseq_sections}};

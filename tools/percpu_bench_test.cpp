@@ -423,6 +423,10 @@ TEST_F(PercpuBenchFullRun, EnvironmentIsThisProcesssEnvironment) {
       << "the Environment block says whether the structures run rseq sections";
   EXPECT_EQ(env.at("rseq_feature_size").get<double>(),
             static_cast<double>(percpu::rseq_feature_size()));
+  const std::string source = percpu::to_string(percpu::concurrency_id_source());
+  EXPECT_EQ(env.at("concurrency_id_source").get<std::string>(), source);
+  EXPECT_NE(output_->out.find("concurrency_id():   " + source + " "), std::string::npos)
+      << "the Environment block says what concurrency_id() answers";
   EXPECT_EQ(env.at("cpu_id_backend").get<std::string>(), percpu::to_string(percpu::backend()));
   for (const char* key : {"date", "cpu_model", "kernel", "machine", "glibc", "compiler"}) {
     EXPECT_FALSE(env.at(key).get<std::string>().empty()) << key;

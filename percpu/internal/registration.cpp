@@ -1119,6 +1119,13 @@ sections sections_status() noexcept {
   return why;
 }
 
+// As concurrency_id_slow() reads it.
+concurrency_source concurrency_id_source() noexcept {
+  return backend() == cpu_backend::rseq && rseq_feature_size() >= internal::kFeatureSizeMmCid
+             ? concurrency_source::mm_cid
+             : concurrency_source::cpu_id;
+}
+
 unsigned rseq_feature_size() noexcept {
   if (internal::g_state.owner == rseq_owner::none) return 0;
   if (internal::g_state.owner == rseq_owner::percpu && !internal::ensure_registered()) return 0;

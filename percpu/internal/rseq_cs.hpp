@@ -112,6 +112,18 @@
 //       section rejects is never accessed.
 //   Only cpu_id indexes these sections; mm_cid has no start field.
 //
+//   The concurrency-id form (cid_counter::add): start_cid_section() loads
+//   the sections' area and the word g_fast_path.concurrency_id names (the
+//   area's mm_cid, or its cpu_id where the kernel keeps none, decided once
+//   at start-up). rseq_addv_cid_started reads the id from that word inside
+//   the section, after arming, so no compare is needed to know it is still
+//   the thread's at the commit: mm_cid has no start field kept in range to
+//   read before. It tests the area's cpu_id for a registration (an
+//   unregistered area's mm_cid reads 0 and must not commit), and the id
+//   against the concurrency limit (concurrency_limit.hpp) before it makes
+//   the copy's address, leaving with 1 for the caller's slow path when the
+//   id is not below it; so every copy it touches exists and readers walk it.
+//
 //   The lists' hot paths (free_list push and pop, object_pool allocate) are
 //   started the same way, with one test before the section, of the started
 //   area's cpu_id (started_area_cpu_id(): a thread without a registration

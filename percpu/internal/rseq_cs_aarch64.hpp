@@ -260,6 +260,115 @@ inline int rseq_cmpnev_trystorev_storev_started(section_start start, std::intptr
                                                           static_cast<int>(start.cpu));
 }
 
+// ---- Started by concurrency id (cid_counter, see rseq_cs.hpp) -----------
+//
+// As on x86-64: the section reads the concurrency id itself, after arming,
+// tests the area's cpu_id for a registration and the id against the
+// concurrency limit, and leaves for the caller's slow path when it is not
+// below it.
+
+// The sections' area and the concurrency id's word (the one
+// g_fast_path.concurrency_id names).
+struct cid_start {
+  rseq_area* area;
+  const std::int32_t* cid_at;
+};
+
+inline cid_start start_cid_section() noexcept {
+  char* const tp = thread_pointer();
+  return {reinterpret_cast<rseq_area*>(tp + __atomic_load_n(&g_fast_path.sections_area,
+                                                             __ATOMIC_RELAXED)),
+          reinterpret_cast<const std::int32_t*>(
+              tp + __atomic_load_n(&g_fast_path.concurrency_id, __ATOMIC_RELAXED))};
+}
+
+// The concurrency id the started word shows now (a slow path's hint; the
+// section reads its own).
+inline std::int32_t started_concurrency_id(cid_start start) noexcept {
+  return *reinterpret_cast<volatile const std::int32_t*>(start.cid_at);
+}
+
+// rseq_addv_cid_started: add, at the copy of the thread's concurrency id.
+//
+//   pseudo-code:   if (area->cpu_id < 0) return -1;
+//                  id = *cid_at;
+//                  if (id >= limit) return 1;
+//                  p = (intptr_t*)((char*)base + (id << kStrideShift));
+//                  tmp = *p + count;
+//                  *p = tmp;                        <- commit
+//                  return 0;
+//   operands:      start.area -> %[area], start.cid_at -> %[cid_at], base ->
+//                  %[base], limit -> %w[limit], count -> %[count], x9 the
+//                  descriptor address, then cpu_id and the id (w9), x10 the
+//                  copy's address, x11 the sum, w12 the seams' scratch
+//   labels:        start 1, commit "str x11, [x10]", post-commit 2,
+//                  abort 4 -> C label abort (-1), exit beyond (1)
+inline int rseq_addv_cid_started(cid_start start, std::intptr_t* base, std::uint32_t limit,
+                                 std::intptr_t count) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[beyond]\n\t"
+      ".popsection\n\t"
+      "adrp x9, 3b\n\t"
+      "add x9, x9, :lo12:3b\n\t"
+      "str x9, [%[area], %c[cs_offset]]\n\t"
+      "1:\n\t"
+      "ldr w9, [%[area], %c[cpu_offset]]\n\t"
+      "tbnz w9, #31, %l[abort]\n\t"
+      "ldr w9, [%[cid_at]]\n\t"
+      "cmp w9, %w[limit]\n\t"
+      "b.hs %l[beyond]\n\t"
+      "add x10, %[base], x9, lsl %c[shift]\n\t"
+      "ldr x11, [x10]\n\t"
+      "add x11, x11, %[count]\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "mov w12, %w[delay]\n\t"
+      "5:\n\t"
+      "cbz w12, 6f\n\t"
+      "sub w12, w12, #1\n\t"
+      "b 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "ldr w12, [%[cid_at]]\n\t"
+      "cmp w12, w9\n\t"
+      "b.eq 7f\n\t"
+      "brk #0x7\n\t"
+      "7:\n\t"
+#endif
+      "str x11, [x10]\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
+      ".inst " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "b %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(start.area), [cid_at] "r"(start.cid_at), [base] "r"(base),
+        [limit] "r"(limit), [count] "r"(count), [cs_offset] "i"(kRseqCsOffset),
+        [cpu_offset] "i"(kCpuIdOffset), [shift] "i"(kStrideShift)
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "x9", "x10", "x11", "x12"
+      : abort, beyond);
+  return 0;
+abort:
+  return -1;
+beyond:
+  return 1;
+}
+
 // rseq_cmpeqv_trystorev_storev: compare, then a speculative store and the
 // committing store (e.g. push: node->next = head speculatively, head = node).
 //

@@ -83,5 +83,14 @@ inline int rseq_cmpnev_trystorev_storev_started(section_start, std::intptr_t*, s
   return -1;
 }
 
+struct cid_start {};
+
+inline cid_start start_cid_section() noexcept { return {}; }
+inline std::int32_t started_concurrency_id(cid_start) noexcept { return -1; }
+
+inline int rseq_addv_cid_started(cid_start, std::intptr_t*, std::uint32_t, std::intptr_t) noexcept {
+  return -1;
+}
+
 }  // namespace internal
 }  // namespace percpu

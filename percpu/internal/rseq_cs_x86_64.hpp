@@ -538,6 +538,116 @@ cmpfail:
   return 1;
 }
 
+// ---- Started by concurrency id (cid_counter, see rseq_cs.hpp) -----------
+//
+// mm_cid has no start field that the kernel keeps in range, so this section
+// reads the concurrency id itself, after arming: from then on a preemption,
+// migration or signal aborts it, so the id it read is the thread's until
+// the commit. It tests the area's cpu_id for a registration (an
+// unregistered area holds -1 or -2, and its mm_cid reads 0, which must not
+// commit), and the id against the concurrency limit before it makes the
+// copy's address, leaving for the caller's slow path when the id is not
+// below it.
+
+// The sections' area and the concurrency id's word (the one
+// g_fast_path.concurrency_id names: the area's mm_cid, or its cpu_id where
+// the kernel keeps no mm_cid), both as offsets from the thread pointer.
+struct cid_start {
+  std::intptr_t area;
+  std::intptr_t cid_at;
+};
+
+inline cid_start start_cid_section() noexcept {
+  return {__atomic_load_n(&g_fast_path.sections_area, __ATOMIC_RELAXED),
+          __atomic_load_n(&g_fast_path.concurrency_id, __ATOMIC_RELAXED)};
+}
+
+// The concurrency id the started word shows now (a slow path's hint; the
+// section reads its own): -1 or -2 where it is an unregistered area's cpu_id.
+inline std::int32_t started_concurrency_id(cid_start start) noexcept {
+  std::int32_t id;
+  asm volatile("movl %%fs:(%[at]), %[id]" : [id] "=r"(id) : [at] "r"(start.cid_at));
+  return id;
+}
+
+// rseq_addv_cid_started: add, at the copy of the thread's concurrency id.
+//
+//   pseudo-code:   if (area->cpu_id < 0) return -1;
+//                  id = *cid_at;
+//                  if (id >= limit) return 1;
+//                  *(intptr_t*)((char*)base + (id << kStrideShift)) += count;  <- commit
+//                  return 0;                        (one RMW instruction, not
+//                                                   locked: only this id writes)
+//   operands:      start.area -> %[area] and start.cid_at -> %[cid_at]
+//                  (offsets: %fs-relative), base -> %[base], limit ->
+//                  %k[limit], count -> %[count], %rax the descriptor address,
+//                  then the id and its copy's offset
+//   labels:        start 1, commit "addq %[count], (%[base],%%rax)",
+//                  post-commit 2, abort 4 -> C label abort (-1), exit beyond (1)
+inline int rseq_addv_cid_started(cid_start start, std::intptr_t* base, std::uint32_t limit,
+                                 std::intptr_t count) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[beyond]\n\t"
+      ".popsection\n\t"
+      "leaq 3b(%%rip), %%rax\n\t"
+      "movq %%rax, %%fs:%c[cs_offset](%[area])\n\t"
+      "1:\n\t"
+      "cmpl $0, %%fs:%c[cpu_offset](%[area])\n\t"
+      "jl %l[abort]\n\t"
+      "movl %%fs:(%[cid_at]), %%eax\n\t"
+      "cmpl %k[limit], %%eax\n\t"
+      "jae %l[beyond]\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "movl %[delay], %%ecx\n\t"
+      "5:\n\t"
+      "testl %%ecx, %%ecx\n\t"
+      "jz 6f\n\t"
+      "decl %%ecx\n\t"
+      "jmp 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "cmpl %%eax, %%fs:(%[cid_at])\n\t"
+      "je 7f\n\t"
+      "ud2\n\t"
+      "7:\n\t"
+#endif
+      "shlq %[shift], %%rax\n\t"
+      "addq %[count], (%[base],%%rax)\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
+      ".byte 0x0f, 0xb9, 0x3d\n\t"
+      ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "jmp %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(start.area), [cid_at] "r"(start.cid_at), [base] "r"(base),
+        [limit] "r"(limit), [count] "er"(count), [cs_offset] "i"(kRseqCsOffset),
+        [cpu_offset] "i"(kCpuIdOffset), [shift] "J"(kStrideShift)
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "rax", "rcx"
+      : abort, beyond);
+  return 0;
+abort:
+  return -1;
+beyond:
+  return 1;
+}
+
 // rseq_cmpeqv_trystorev_storev: compare, then a speculative store and the
 // committing store (e.g. push: node->next = head speculatively, head = node).
 //

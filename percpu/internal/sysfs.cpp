@@ -99,7 +99,11 @@ int read_max_cpus(bool* bounds_every_id) noexcept {
   }
   int highest_allowed = -1;
   const int mask_bits = kernel_cpumask_bits(&highest_allowed);
-  *bounds_every_id = count > 0 ? list_from_sysfs : mask_bits > 0;
+  // A list from elsewhere (bind-mounted over sysfs's) still proves a bound
+  // when it covers the kernel's cpumask: no id the kernel reports is at or
+  // above the mask's size.
+  *bounds_every_id =
+      count > 0 ? list_from_sysfs || (mask_bits > 0 && count >= mask_bits) : mask_bits > 0;
   // No /sys (a container, a sandbox): a counted number of CPUs is no bound on
   // their ids, but the size of the kernel's cpumask is.
   if (count <= 0) count = mask_bits;

@@ -40,8 +40,9 @@ set -euo pipefail
 EXEC_GTEST_EXCLUDE=(CpuExec.WorksAfterExec 'ForcedBackend.*' '*DeathTest.*' 'HiddenSys.MaxCpusBoundsEveryIdWithoutSys'
                     'HiddenSys.MaxCpusFollowsASparsePossibleList'
                     'HiddenSys.AListThatMissesCpusLeavesIdsInRangeWhenTheMaskWidens'
-                    'HiddenSys.ListsAndPoolsCostAsMuchWithFourThousandPossibleCpusAsWithTwo'
-                    'CpuListsTest.SectionUsersAreCountedBeforeAStartedSectionCommits')
+                    'HiddenSys.ListsPoolsAndCountersCostAsMuchWithFourThousandPossibleCpusAsWithTwo'
+                    'CpuListsTest.SectionUsersAreCountedBeforeAStartedSectionCommits'
+                    'CidCounterTest.WithFourThousandPossibleCpus')
 # gtest cases that qemu-user 7.2 itself cannot run (fork, then threads in the child).
 QEMU_GTEST_EXCLUDE=('*.ForkDuringHeavyUse' 'SharedMutexStressTest.ForkWhile*')
 # gtest cases that install a seccomp filter themselves (left out when qemu-user
