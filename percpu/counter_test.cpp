@@ -916,6 +916,41 @@ TEST(CidCounterTest, AThreadWithoutARegistrationAddsWithAtomics) {
   EXPECT_EQ(c.load(), 100);
 }
 
+// The section's limit test (internal/rseq_cs.hpp, the concurrency-id
+// form): an id not below the limit leaves with 1 and writes nothing; one
+// below commits. Run on the section itself, with the limit set to the id
+// the thread shows, so it needs no thread to reach a new high by chance.
+TEST(CidCounterTest, TheSectionLeavesForAnIdNotBelowTheLimit) {
+  cid_counter c;
+  c.add(0);
+  auto* words = static_cast<counter_words_view*>(const_cast<void*>(mapped_slots(c)));
+  ASSERT_NE(words, nullptr);
+  auto rseq_sum = [&] {
+    std::int64_t sum = 0;
+    for (int i = 0; i < max_cpus(); ++i) {
+      sum += __atomic_load_n(&internal::stride_copy(words, static_cast<unsigned>(i))->by_rseq,
+                             __ATOMIC_RELAXED);
+    }
+    return sum;
+  };
+  const std::int64_t before = rseq_sum();
+  int checked = 0;
+  for (int attempt = 0; attempt < 1000 && checked < 20; ++attempt) {
+    const internal::cid_start start = internal::start_cid_section();
+    const int id = internal::started_concurrency_id(start);
+    if (id < 0 || id >= max_cpus()) break;  // no registration here: nothing to check
+    const int beyond = internal::rseq_addv_cid_started(start, &words->by_rseq,
+                                                       static_cast<std::uint32_t>(id), 5);
+    if (internal::started_concurrency_id(start) != id || beyond == -1) continue;
+    EXPECT_EQ(beyond, 1) << "an add at id " << id << " with the limit at " << id;
+    EXPECT_EQ(rseq_sum(), before) << "the section wrote at or above the limit";
+    ++checked;
+  }
+  if (sections_status() == sections::on) {
+    EXPECT_EQ(checked, 20);
+  }
+}
+
 #ifdef NDEBUG
 TEST(CidCounterTest, OutOfRangeSlotReadsZeroInReleaseBuilds) {
   cid_counter c;

@@ -136,8 +136,10 @@ for p in "${patches[@]}"; do
     if ! cmake --build "$build" -j "$jobs" --target $build_targets >>"$log" 2>&1; then
       result="DOES NOT BUILD: refresh it"
     else
-      (cd "$build" && GTEST_FILTER=${filter:-*} ctest -j "$jobs" --timeout 120 -R "$regex" \
-         --output-on-failure >>"$log" 2>&1)
+      # A mutant is killed by its first failure: gtest stops a binary at its
+      # first failed case and ctest starts no test after a failed one.
+      (cd "$build" && GTEST_FILTER=${filter:-*} GTEST_FAIL_FAST=1 ctest -j "$jobs" --timeout 120 \
+         --stop-on-failure -R "$regex" --output-on-failure >>"$log" 2>&1)
       status=$?
       caught=$(sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\) (.*)$/\1/p' "$log" | sort -u | tr '\n' ' ')
       if [ $status -ne 0 ] && [ -n "$caught" ]; then
