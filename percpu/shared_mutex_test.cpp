@@ -670,7 +670,14 @@ TEST(SharedMutexStressTest, ForkWhileReadersHoldIt) {
 TEST(SharedMutexStressTest, ForkWhileAWriterWaits) {
   PERCPU_SKIP_MULTITHREADED_FORK();
   shared_mutex m;
-  std::atomic<int> reader_holds{0}, release_reader{0}, writer_in{0};
+  std::atomic<int> reader_holds{0}, release_reader{0}, writer_in{0}, forked{0};
+  // Neither thread exits before the fork has returned: a thread that exits
+  // while another forks may leave a lock of the runtime's (gcc 12's
+  // AddressSanitizer keeps its thread list under one) held in the child,
+  // whose threads then never start. Seen once in the asan-ubsan lane.
+  const auto wait_for_fork = [&forked] {
+    while (forked.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
   std::thread reader([&] {
     m.lock_shared();
     reader_holds.store(1);
@@ -679,6 +686,7 @@ TEST(SharedMutexStressTest, ForkWhileAWriterWaits) {
     // waits; correct whichever comes first.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     m.unlock_shared();
+    wait_for_fork();
   });
   while (reader_holds.load() == 0) std::this_thread::yield();
   std::thread writer([&] {
@@ -686,6 +694,7 @@ TEST(SharedMutexStressTest, ForkWhileAWriterWaits) {
     writer_in.store(1);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     m.unlock();
+    wait_for_fork();
   });
   // Until the writer has announced itself, a new reader still gets in; once
   // it has, new readers wait behind it. No sleep decides this, so a loaded
@@ -698,6 +707,7 @@ TEST(SharedMutexStressTest, ForkWhileAWriterWaits) {
   EXPECT_EQ(writer_in.load(), 0) << "the writer must be waiting for the reader";
   release_reader.store(1);
   const int status = stress::run_in_child([&m] { return child_uses(m); }, std::chrono::seconds(60));
+  forked.store(1);
   EXPECT_EQ(status, 0);
   reader.join();
   writer.join();
