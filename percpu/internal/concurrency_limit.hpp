@@ -12,8 +12,9 @@
 //   the allowed CPUs, for a while above even that, and threads that never
 //   touch percpu hold ids too. So the writers say which ids they used. A
 //   writer tests its id against the limit before it makes an address from
-//   it, outside its section (one load of this read-mostly line), and goes
-//   out of line to raise the limit when the id is not below it; ids only
+//   it, inside its section (one load of this read-mostly line, made before
+//   arming), and goes out of line to raise the limit when the id is not
+//   below it; ids only
 //   reach new highs a few times in a process's life. One limit serves every
 //   structure: ids are the process's, not a structure's, and a reader of a
 //   structure that was never written at id k reads zero there.
