@@ -6,8 +6,10 @@
 #   scripts/test.sh --list          the lanes and what each covers
 #
 # Each lane builds in build/lanes/NAME, prints what it covered and its wall
-# time, and the script ends with one summary line per lane and a final
-# "lanes: N passed, M failed" line. Any failing lane fails the script.
+# time (its output is kept in build/lanes/NAME.lane.log too), and the
+# script ends with, for each failed lane, the lines of that log that say
+# what failed, then one summary line per lane and a final "lanes: N passed,
+# M failed" line. Any failing lane fails the script.
 # PERCPU_STRESS_SCALE (default 1) lengthens the stress tests for soaking.
 set -uo pipefail
 
@@ -44,7 +46,7 @@ while [ $# -gt 0 ]; do
     --lane) [ $# -ge 2 ] || { echo "test.sh: --lane needs a name (see --list)" >&2; exit 2; }
             lanes+=("$2"); shift 2 ;;
     --list) for l in "${all_lanes[@]}"; do printf '  %-15s %s\n' "$l" "$(describe "$l")"; done; exit 0 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$1' (try --list or --help)" >&2; exit 2 ;;
   esac
 done
@@ -205,16 +207,37 @@ lane_mutants() {
 }
 
 mkdir -p "$root/build/lanes"
-summary=()
+summary=() failed_lanes=()
 passed=0 failed=0
 for lane in "${lanes[@]}"; do
   B="$root/build/lanes/$lane"
   echo "=== lane $lane: $(describe "$lane")"
   start=$(date +%s)
-  if "lane_$lane"; then result=passed; passed=$((passed + 1)); else result=FAILED; failed=$((failed + 1)); fi
+  # Each lane's output is kept in build/lanes/NAME.lane.log as well, so that
+  # the end of the run can say again why a lane failed: CI's report keeps
+  # only the last lines, which belong to later lanes.
+  "lane_$lane" 2>&1 | tee "$root/build/lanes/$lane.lane.log"
+  if [ "${PIPESTATUS[0]}" -eq 0 ]; then
+    result=passed; passed=$((passed + 1))
+  else
+    result=FAILED; failed=$((failed + 1)); failed_lanes+=("$lane")
+  fi
   seconds=$(( $(date +%s) - start ))
   echo "=== lane $lane: $result in ${seconds}s"
   summary+=("$(printf '%-15s %-7s %5ss' "$lane" "$result" "$seconds")")
+done
+
+# The lines of a failed lane's log that say what failed (ctest's and gtest's
+# failures, the VM lanes' FAILED lines, compiler errors, timeouts, killed
+# mutants that survived), at most 40 per lane.
+why_failed() {  # lane
+  grep -E 'FAILED|\*\*\*Failed|\*\*\*Timeout|\*\*\*Exception|Failed +[0-9.]+ sec|error:|SURVIVED|survived|no summary|did not finish|qemu_exit [1-9]| - .* \((Failed|Timeout|SEGFAULT|Subprocess aborted|Child aborted|Exception|Not Run)\)$' \
+    "$root/build/lanes/$1.lane.log" | grep -vE '^=== lane |, 0 failed' | tail -n 40
+}
+for lane in "${failed_lanes[@]}"; do
+  echo
+  echo "Why lane $lane failed (from build/lanes/$lane.lane.log):"
+  why_failed "$lane" | sed 's/^/  | /'
 done
 
 echo

@@ -37,6 +37,13 @@
 #   KERNELS_NO_DOC        set to leave docs/compatibility.md alone (a run
 #                         with fewer arm64 kernels than x86-64 ones always
 #                         does, and writes its table in the build directory)
+#   KERNELS_TESTS         the static suites to run (default: all of
+#                         STATIC_SUITES below), to chase one test's failure
+#   KERNELS_REPEAT        start each static suite this many times in a row
+#                         (separate processes: the suites' cases on global
+#                         objects cannot run twice in one; default 1); with
+#                         KERNELS_TESTS, how
+#                         a failure seen once in CI is reproduced in a VM
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -54,7 +61,13 @@ DYNAMIC_SUITES=(bookworm sid)
 GLIBC_SUITES=(bookworm trixie sid experimental)
 # The kernel whose runs happen under rseq_debug=1.
 DEBUG_SUITE=sid
-STATIC_SUITES=(cpu_test rseq_cs_test counter_test free_list_test object_pool_test)
+STATIC_SUITES=(cpu_test rseq_cs_test counter_test free_list_test object_pool_test per_cpu_test)
+[[ -n ${KERNELS_TESTS:-} ]] && STATIC_SUITES=(${KERNELS_TESTS})
+REPEAT=${KERNELS_REPEAT:-1}
+# Only per_cpu<T>'s cases by concurrency id run here (their section reads
+# mm_cid, which 5.10 does not keep, or the CPU id where it does not); its
+# by-CPU cases run the sections counter_test already covers.
+PER_CPU_FILTER='CidPerCpu*:*/ById.*'
 DYNAMIC_TESTS=(cpu_test counter_test)
 FOREIGN_TESTS=(foreign_rseq_librseq_test foreign_rseq_abi_test)
 # Long enough for the stress tests' helper threads (affinity flippers) to act
@@ -126,12 +139,17 @@ static_runs() {  # prefix
   # thread moved a worker at least once; under TCG, with twelve busy workers
   # on two emulated CPUs, the flipper can go its whole (scaled) run without
   # being scheduled. It runs in every native lane; here it is left out.
-  local filter=GTEST_FILTER=-FreeListStressTest.AffinityFlipping
+  local filter
   for t in "${STATIC_SUITES[@]}"; do
-    run "static/glibc/$t" PERCPU_EXPECT_OWNER=glibc PERCPU_EXPECT_BACKEND=rseq $filter rseq -- "$p/s/$t"
-    run "static/own/$t" GLIBC_TUNABLES=glibc.pthread.rseq=0 PERCPU_EXPECT_OWNER=percpu \
-      PERCPU_EXPECT_BACKEND=rseq $filter rseq -- "$p/s/$t"
-    run "static/fallback/$t" PERCPU_EXPECT_OWNER=none $filter -- "$p/s/seccomp_exec" ENOSYS "$p/s/$t"
+    filter=GTEST_FILTER=-FreeListStressTest.AffinityFlipping
+    [[ $t == per_cpu_test ]] && filter=GTEST_FILTER=$PER_CPU_FILTER
+    local r
+    for ((r = 0; r < REPEAT; r++)); do
+      run "static/glibc/$t" PERCPU_EXPECT_OWNER=glibc PERCPU_EXPECT_BACKEND=rseq $filter rseq -- "$p/s/$t"
+      run "static/own/$t" GLIBC_TUNABLES=glibc.pthread.rseq=0 PERCPU_EXPECT_OWNER=percpu \
+        PERCPU_EXPECT_BACKEND=rseq $filter rseq -- "$p/s/$t"
+      run "static/fallback/$t" PERCPU_EXPECT_OWNER=none $filter -- "$p/s/seccomp_exec" ENOSYS "$p/s/$t"
+    done
   done
   run "static/sections-off/sections_switch_test" PERCPU_RSEQ_SECTIONS=off rseq -- "$p/s/sections_switch_test"
 }
@@ -216,8 +234,31 @@ dirty=$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null | hea
 doc=$REPO/docs/compatibility.md
 # Only the whole matrix replaces the published table.
 [[ -n ${KERNELS_NO_DOC:-} || "${AARCH64_SUITES[*]}" != "${SUITES[*]}" ]] && doc=$BUILD/compatibility.md
+# (`|| status=$?`: under set -e a bare failing call would end the lane
+# before the lines below say why.)
+status=0
 python3 "$REPO/scripts/lanes/vm/report.py" --tag "$LANE" --commit "$commit${dirty:+ (with local changes)}" \
-  --out "$doc" "$LOGS"/*.log
-status=$?
+  --out "$doc" "$LOGS"/*.log || status=$?
+# CI keeps only the end of the lane's output: say why each failed run
+# failed, from its own lines (gtest's failures and the run's verdict), so a
+# failure seen once can be read without the VM logs.
+if ((status != 0)); then
+  for log in "$LOGS"/*.log; do
+    awk -v tag="$LANE" -v vm="$(basename "$log" .log)" '
+      { sub(/\r$/, "") }
+      $0 ~ "^" tag ": RUN "  { name = $3; n = 0; lines = 0; grab = 0; delete keep; next }
+      $0 ~ "^" tag ": FAIL " {
+        # Without gtest failure lines, the last lines of the run.
+        if (n == 0) for (i = lines > 15 ? lines - 14 : 1; i <= lines; i++) keep[++n] = last[i % 15]
+        for (i = 1; i <= n && i <= 20; i++) print "[" tag "] FAILED detail " vm " " name ": " keep[i]
+        next
+      }
+      { last[++lines % 15] = $0 }
+      /^\[/                  { grab = 0 }
+      /: Failure$/           { grab = 1 }
+      grab || /^\[  FAILED  \]|terminate|Assertion|Aborted|Segmentation/ { keep[++n] = $0 }
+    ' "$log" >&2
+  done
+fi
 say "wall time: lane $(($(date +%s) - lane_start))s (VMs ${vm_secs}s); table in ${doc#$REPO/}"
 exit $status
