@@ -101,10 +101,7 @@ std::int64_t read_slot(const std::atomic<Words*>& slots, int index,
 // the current CPU's keeps the line local. internal::cpu_hint() asks the
 // fallback unless that is a system call, which it makes only every so many
 // adds.
-unsigned atomic_index(unsigned count) noexcept {
-  const unsigned cpu = static_cast<unsigned>(internal::cpu_hint());
-  return cpu < count ? cpu : cpu % count;
-}
+unsigned atomic_index(unsigned count) noexcept { return internal::cpu_hint_index(count); }
 template <class Words>
 void add_atomically(Words* s, unsigned index, std::int64_t delta) noexcept {
   internal::stride_copy(s, index)->by_atomic.fetch_add(delta, std::memory_order_relaxed);

@@ -37,6 +37,7 @@
 #include "tests/stress/stress.hpp"
 #include "tests/support/address_limit.hpp"
 #include "tests/support/pages.hpp"
+#include "tests/support/wide_possible_list.hpp"
 #include "tools/seccomp_deny_rseq.hpp"
 
 namespace percpu {
@@ -764,6 +765,16 @@ struct expose_cid_counter_slots {
 };
 template struct expose_cid_counter_slots<&cid_counter::slots_>;
 
+// What the sections have committed to a counter's rseq words, all of them.
+std::int64_t rseq_words_sum(counter_words_view* words) {
+  std::int64_t sum = 0;
+  for (int i = 0; i < max_cpus(); ++i) {
+    sum += __atomic_load_n(&internal::stride_copy(words, static_cast<unsigned>(i))->by_rseq,
+                           __ATOMIC_RELAXED);
+  }
+  return sum;
+}
+
 TEST(CidCounterTest, GlobalStartsAtZeroAndCounts) {
   EXPECT_EQ(g_cid_global.load(), 0);
   EXPECT_EQ(mapped_slots(g_cid_global), nullptr);
@@ -895,20 +906,12 @@ TEST(CidCounterTest, AThreadWithoutARegistrationAddsWithAtomics) {
   c.add(0);
   auto* words = static_cast<counter_words_view*>(const_cast<void*>(mapped_slots(c)));
   ASSERT_NE(words, nullptr);
-  auto rseq_words = [&] {
-    std::int64_t sum = 0;
-    for (int i = 0; i < max_cpus(); ++i) {
-      sum += __atomic_load_n(&internal::stride_copy(words, static_cast<unsigned>(i))->by_rseq,
-                             __ATOMIC_RELAXED);
-    }
-    return sum;
-  };
   std::int64_t by_rseq = -1;
   std::thread paused([&] {
     c.add(0);  // registers the thread where that is percpu's job
     ASSERT_TRUE(internal::pause_rseq_for_this_thread()) << "the thread's sections still commit";
     for (int i = 0; i < 100; ++i) c.add(1);
-    by_rseq = rseq_words();
+    by_rseq = rseq_words_sum(words);
     internal::resume_rseq_for_this_thread();
   });
   paused.join();
@@ -925,15 +928,7 @@ TEST(CidCounterTest, TheSectionLeavesForAnIdNotBelowTheLimit) {
   c.add(0);
   auto* words = static_cast<counter_words_view*>(const_cast<void*>(mapped_slots(c)));
   ASSERT_NE(words, nullptr);
-  auto rseq_sum = [&] {
-    std::int64_t sum = 0;
-    for (int i = 0; i < max_cpus(); ++i) {
-      sum += __atomic_load_n(&internal::stride_copy(words, static_cast<unsigned>(i))->by_rseq,
-                             __ATOMIC_RELAXED);
-    }
-    return sum;
-  };
-  const std::int64_t before = rseq_sum();
+  const std::int64_t before = rseq_words_sum(words);
   int checked = 0;
   for (int attempt = 0; attempt < 1000 && checked < 20; ++attempt) {
     const internal::cid_start start = internal::start_cid_section();
@@ -943,7 +938,7 @@ TEST(CidCounterTest, TheSectionLeavesForAnIdNotBelowTheLimit) {
                                                        static_cast<std::uint32_t>(id), 5);
     if (internal::started_concurrency_id(start) != id || beyond == -1) continue;
     EXPECT_EQ(beyond, 1) << "an add at id " << id << " with the limit at " << id;
-    EXPECT_EQ(rseq_sum(), before) << "the section wrote at or above the limit";
+    EXPECT_EQ(rseq_words_sum(words), before) << "the section wrote at or above the limit";
     ++checked;
   }
   if (sections_status() == sections::on) {
@@ -1082,12 +1077,12 @@ TEST(CidCounterStressTest, ForkDuringHeavyUse) {
 // what the process uses. CidCounterTest.WithFourThousandPossibleCpus runs
 // this binary again, in a mount namespace of its own where
 // /sys/devices/system/cpu/possible says 0-4095 (root only), with the filter
-// below; PERCPU_TEST_REAL_MAX_CPUS carries the real bound.
+// below (tests/support/wide_possible_list.hpp).
 
 constexpr char kWideFilter[] = "--gtest_filter=CidCounterWideTest.*";
 
 TEST(CidCounterWideTest, ReadersWalkOnlyTheIdsUsed) {
-  const char* real = std::getenv("PERCPU_TEST_REAL_MAX_CPUS");
+  const char* real = test::real_max_cpus_in_wide_run();
   if (real == nullptr) GTEST_SKIP() << "runs inside CidCounterTest.WithFourThousandPossibleCpus";
   ASSERT_EQ(max_cpus(), 4096) << "the bind-mounted possible list was not read";
   cid_counter by_id;
@@ -1140,77 +1135,8 @@ TEST(CidCounterWideTest, ReadersWalkOnlyTheIdsUsed) {
   internal::stride_copy(cpu_words, 4095u)->by_atomic.store(0);
 }
 
-// The command line this process was started with (/proc/self/cmdline), as
-// execv() takes it: empty if it cannot be read.
-std::vector<std::string> started_command_line() {
-  std::vector<std::string> args;
-  FILE* file = std::fopen("/proc/self/cmdline", "rb");
-  if (file == nullptr) return args;
-  std::string arg;
-  for (int c = std::fgetc(file); c != EOF; c = std::fgetc(file)) {
-    if (c == '\0') {
-      args.push_back(arg);
-      arg.clear();
-    } else {
-      arg.push_back(static_cast<char>(c));
-    }
-  }
-  std::fclose(file);
-  return args;
-}
-
 TEST(CidCounterTest, WithFourThousandPossibleCpus) {
-  // This binary as it was started: under valgrind /proc/self/exe is
-  // valgrind's own tool, and the case runs natively there anyway.
-  const std::string self = ::testing::internal::GetArgvs().front();
-  // Where a loader was named on the command line (ld-linux.so
-  // --library-path DIR binary: the kernels lane's glibc matrix), the binary
-  // alone may not start: then the same command line runs again, through
-  // /proc/self/exe (the loader), with the filter last, where gtest takes it.
-  std::vector<std::string> again = started_command_line();
-  again.push_back(kWideFilter);
-  std::vector<char*> again_argv;
-  for (std::string& arg : again) again_argv.push_back(&arg[0]);
-  again_argv.push_back(nullptr);
-  int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  const std::string real = std::to_string(max_cpus());
-  const pid_t child = fork();
-  if (child == 0) {
-    close(out[0]);
-    // The types are ignored for these two mounts; "" rather than nullptr
-    // keeps valgrind from reporting the system call's argument.
-    if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", "", MS_REC | MS_PRIVATE, nullptr) != 0) {
-      _exit(100);
-    }
-    char path[64];
-    std::snprintf(path, sizeof(path), "/tmp/percpu-possible-4096-%d", static_cast<int>(getpid()));
-    FILE* list = std::fopen(path, "w");
-    if (list == nullptr || std::fputs("0-4095\n", list) < 0 || std::fclose(list) != 0) _exit(101);
-    if (mount(path, "/sys/devices/system/cpu/possible", "", MS_BIND, nullptr) != 0) {
-      _exit(102);
-    }
-    setenv("PERCPU_TEST_REAL_MAX_CPUS", real.c_str(), 1);
-    dup2(out[1], STDOUT_FILENO);
-    execl(self.c_str(), self.c_str(), kWideFilter, static_cast<char*>(nullptr));
-    if (again.size() > 1) execv("/proc/self/exe", again_argv.data());
-    _exit(103);
-  }
-  close(out[1]);
-  std::string text;
-  char buffer[512];
-  ssize_t n;
-  while ((n = read(out[0], buffer, sizeof(buffer))) > 0)
-    text.append(buffer, static_cast<size_t>(n));
-  close(out[0]);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  if (code == 100) GTEST_SKIP() << "cannot make a mount namespace here (needs root)";
-  if (code == 102) GTEST_SKIP() << "no /sys/devices/system/cpu/possible to bind a list over";
-  std::printf("%s", text.c_str());
-  EXPECT_EQ(code, 0) << "101: cannot write the list, 103: cannot run this binary again";
-  EXPECT_NE(text.find("[  PASSED  ] 1 test"), std::string::npos) << "the wide case did not run";
+  test::run_with_4096_possible_cpus(kWideFilter, max_cpus());
 }
 
 }  // namespace

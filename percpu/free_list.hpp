@@ -55,6 +55,18 @@
 //   (steals, take_all(), fork()) read the heads of CPUs that never ran,
 //   which the kernel maps to its shared zero page without filling a page.
 //
+// By CPU only: no concurrency-id form
+//   Unlike counter and per_cpu<T> (cid_counter, cid_per_cpu<T>), a list
+//   has no form indexed by concurrency id. A thread that takes from
+//   another list locks it and fences its CPU (one CPU, with membarrier's
+//   CPU flag), so that no section started there before the lock can
+//   commit; a list indexed by id has no CPU to fence, so every steal would
+//   fence every CPU the process runs on. What that leaves: the walks (a
+//   steal finding nothing nearby, take_all(), fork()) read one head per
+//   possible CPU, 4,096 on a host whose possible list is 0-4095, where an
+//   id-indexed list would read one per id used. Memory is not affected (a
+//   head no CPU touched costs nothing, see Memory).
+//
 // Thread safety and signals
 //   push, pop and try_pop_local are thread-safe and async-signal-safe (a
 //   handler may push and pop while the interrupted thread was doing the

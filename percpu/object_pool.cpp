@@ -174,42 +174,103 @@ bool object_pool::carve_chunk_locked() noexcept {
   return true;
 }
 
-void object_pool::drain_overflow_locked() noexcept {
-  node* chain = reinterpret_cast<node*>(lists_.overflow_take_all());
-  while (chain != nullptr) {
-    node* n = chain;
-    chain = chain->next;
-    n->next = depot_free_;
-    depot_free_ = n;
-    ++depot_count_;
+// ---- the depot's chains -------------------------------------------------------
+//
+// Everything the depot holds, and everything on its way there, is a chain
+// that counts its own depths: linked to nullptr, each node's depth its
+// distance from the bottom plus one, so the first node's depth is the
+// chain's length. A cache taken whole (trim) is one as it stands; a spill
+// builds one as it pops (spill_batch). The depot keeps such chains on a
+// stack, so giving one and taking one are a few stores under the lock
+// whatever its length, and a chain taken onto an empty cache is pushed as it
+// is, without a walk. A refill then touches two of its nodes, not all of
+// them, one after another, while the CPU that freed them still holds their
+// lines (and, before, under the lock the other CPUs wait for).
+//
+// The link to the next chain on the stack is kept in a word the chain's
+// depths make redundant: the second node's depth (always the first's minus
+// one), or, in a chain of one node, its next (always nullptr).
+
+namespace {
+
+// The next chain on the stack after the one whose first node is `first`.
+template <class Node>
+Node* chain_link(Node* first) noexcept {
+  return first->depth == 1 ? first->next : reinterpret_cast<Node*>(first->next->depth);
+}
+template <class Node>
+void set_chain_link(Node* first, Node* link) noexcept {
+  if (first->depth == 1) {
+    first->next = link;
+  } else {
+    first->next->depth = reinterpret_cast<std::intptr_t>(link);
+  }
+}
+// Puts back the word the link took.
+template <class Node>
+void clear_chain_link(Node* first) noexcept {
+  if (first->depth == 1) {
+    first->next = nullptr;
+  } else {
+    first->next->depth = first->depth - 1;
   }
 }
 
-// Under the depot lock: up to `want` objects linked first..*last (ending in
-// nullptr), from the free list, then the overflow stack, then new memory.
-object_pool::node* object_pool::depot_take(std::intptr_t want, node** last,
-                                           std::intptr_t* got) noexcept {
-  node* first = nullptr;
-  node* tail = nullptr;
-  std::intptr_t n = 0;
-  auto add = [&](node* x) {
-    x->next = nullptr;
-    if (tail == nullptr) {
-      first = x;
-    } else {
-      tail->next = x;
-    }
-    tail = x;
-    ++n;
-  };
-  if (depot_count_ < want) drain_overflow_locked();
-  while (n < want && depot_free_ != nullptr) {
-    node* x = depot_free_;
-    depot_free_ = x->next;
-    --depot_count_;
-    add(x);
+// Gives the `count` nodes from `first` on the depths below + count down to
+// below + 1, top to bottom, and returns the last of them: a chain that
+// counts its depths (below 0), or one about to go above a list of `below`.
+template <class Node>
+Node* count_depths(Node* first, std::intptr_t count, std::intptr_t below) noexcept {
+  Node* x = first;
+  for (std::intptr_t depth = below + count; depth > below + 1; --depth) {
+    x->depth = depth;
+    x = x->next;
   }
-  const bool tsan = n < want && internal::tsan_present();
+  x->depth = below + 1;
+  return x;
+}
+
+}  // namespace
+
+// Under the depot lock: the overflow stack's objects, as chains of up to a
+// batch, so that a refill never takes more than a cache holds. Returns how
+// many objects it moved.
+std::size_t object_pool::drain_overflow_locked() noexcept {
+  std::size_t moved = 0;
+  node* rest = reinterpret_cast<node*>(lists_.overflow_take_all());
+  while (rest != nullptr) {
+    node* first = rest;
+    node* last = first;
+    std::intptr_t count = 1;
+    while (count < batch_ && last->next != nullptr) {
+      last = last->next;
+      ++count;
+    }
+    rest = last->next;
+    last->next = nullptr;
+    count_depths(first, count, 0);
+    set_chain_link(first, depot_free_);
+    depot_free_ = first;
+    depot_count_ += count;
+    moved += static_cast<std::size_t>(count);
+  }
+  return moved;
+}
+
+// Under the depot lock: a chain that counts its depths (see above), of *got
+// objects: the top one of the stack, else up to `want` new objects.
+object_pool::node* object_pool::depot_take(std::intptr_t want, std::intptr_t* got) noexcept {
+  if (depot_free_ == nullptr) drain_overflow_locked();
+  if (node* first = depot_free_) {
+    depot_free_ = chain_link(first);
+    clear_chain_link(first);
+    *got = first->depth;
+    depot_count_ -= first->depth;
+    return first;
+  }
+  node* first = nullptr;
+  std::intptr_t n = 0;
+  const bool tsan = internal::tsan_present();
   while (n < want) {
     if (carve_next_ == carve_end_ && !carve_chunk_locked()) break;
     node* x = reinterpret_cast<node*>(carve_next_);
@@ -219,29 +280,40 @@ object_pool::node* object_pool::depot_take(std::intptr_t want, node** last,
     }
     carve_next_ += stride_;
     ++carved_;
-    add(x);
+    x->next = first;
+    x->depth = ++n;
+    first = x;
   }
-  *last = tail;
   *got = n;
   return first;
 }
 
-// Gives first..last (count objects) to the depot, or to the overflow stack
-// when this thread may not wait for the depot and it is busy.
+// Gives the chain first..last (count objects, its depths counted from its
+// bottom; last may be nullptr, not known) to the depot, or to the overflow
+// stack when this thread may not wait for the depot and it is busy.
 void object_pool::depot_give(node* first, node* last, std::intptr_t count) noexcept {
+#ifndef NDEBUG
+  if (first->depth != count) die("a chain on its way to the depot miscounts its depths at", first);
+#endif
   if (!depot_lock()) {
+    if (last == nullptr) {
+      for (last = first; last->next != nullptr;) last = last->next;
+    }
     lists_.to_overflow(reinterpret_cast<std::intptr_t>(first),
                        reinterpret_cast<std::intptr_t>(last));
     return;
   }
-  last->next = depot_free_;
+  set_chain_link(first, depot_free_);
   depot_free_ = first;
   depot_count_ += count;
   depot_unlock();
 }
 
-// Gives a whole list to the depot: first, then ->next up to nullptr.
-// Returns how many objects it moved.
+// Gives a whole cache to the depot: first, then ->next up to nullptr. Its
+// depths count from its bottom already; they are counted again on the walk
+// that finds its end anyway, so that nothing the depot keeps rests on a
+// depth that was only ever read speculatively. Returns how many objects it
+// moved.
 std::size_t object_pool::depot_give_list(node* first) noexcept {
   if (first == nullptr) return 0;
   node* last = first;
@@ -250,6 +322,7 @@ std::size_t object_pool::depot_give_list(node* first) noexcept {
     last = last->next;
     ++count;
   }
+  count_depths(first, count, 0);
   depot_give(first, last, count);
   return static_cast<std::size_t>(count);
 }
@@ -280,28 +353,36 @@ std::size_t object_pool::cached_by_threads() const noexcept {
 // ---- caches ----------------------------------------------------------------
 
 // Objects on their way to the depot, linked first..last (last's next is
-// nullptr).
+// nullptr), each node's depth counted from the bottom as it is put on: a
+// chain the depot keeps as it is (see "the depot's chains").
 struct object_pool::spill_batch {
   node* first = nullptr;
   node* last = nullptr;
   std::intptr_t count = 0;
   void push_front(node* x) noexcept {
     x->next = first;
+    x->depth = ++count;
     first = x;
     if (last == nullptr) last = x;
-    ++count;
   }
 };
 
-// Puts first..last (count objects) on the calling thread's cache in one step
-// (internal/cpu_lists.hpp, the ladder), if they fit. False: nothing was put
-// there.
-bool object_pool::push_chain_home(node* first, node* last, std::intptr_t count) noexcept {
+// Puts the chain first..nullptr (count objects, its depths counted from its
+// bottom) on the calling thread's cache in one step (internal/cpu_lists.hpp,
+// the ladder), if it fits. On an empty cache, the common case (a refill
+// follows an empty cache), the chain goes as it is; above other objects its
+// depths are counted again from theirs and its bottom linked to them, which
+// walks it. False: nothing was put there, and the chain is as it came.
+bool object_pool::push_chain_home(node* first, std::intptr_t count) noexcept {
   using internal::index_kind;
-  auto set_depths = [&](std::intptr_t below) {
-    last->next = nullptr;
-    std::intptr_t depth = below + count;
-    for (node* x = first; x != nullptr && depth > below; x = x->next) x->depth = depth--;
+  node* last = nullptr;     // found by the first walk
+  std::intptr_t above = 0;  // the depth the chain's depths now start from
+  auto place_above = [&](std::intptr_t below, std::intptr_t top) {
+    if (below != above || (top != 0 && last == nullptr)) {
+      last = count_depths(first, count, below);
+      above = below;
+    }
+    if (last != nullptr) last->next = reinterpret_cast<node*>(top);
   };
   const bool pushed = lists_.at_home(
       internal::section_area(),
@@ -314,8 +395,7 @@ bool object_pool::push_chain_home(node* first, node* last, std::intptr_t count) 
           if (expect == internal::kSlotLocked) return false;
           const std::intptr_t depth = depth_of(expect);
           if (depth + count > capacity_) return false;
-          set_depths(depth);
-          last->next = reinterpret_cast<node*>(expect);
+          place_above(depth, expect);
           if (internal::rseq_cmpeqv_cmpeqv_storev<index_kind::cpu_id>(
                   area, head, expect, depth_word(expect), depth,
                   reinterpret_cast<std::intptr_t>(first), cpu) == 0) {
@@ -327,12 +407,11 @@ bool object_pool::push_chain_home(node* first, node* last, std::intptr_t count) 
       [&](std::intptr_t* head) {
         const std::intptr_t depth = depth_of(*head);
         if (depth + count > capacity_) return false;
-        set_depths(depth);
-        last->next = reinterpret_cast<node*>(*head);
+        place_above(depth, *head);
         *head = reinterpret_cast<std::intptr_t>(first);
         return true;
       });
-  if (!pushed) last->next = nullptr;
+  if (!pushed) place_above(0, 0);
   return pushed;
 }
 
@@ -361,15 +440,14 @@ void* object_pool::allocate_refill() noexcept {
     // A handler that interrupted a flag holder on this thread, with the depot
     // busy: waiting could deadlock (cpu_slots.hpp, R1), so report nothing.
     if (!depot_lock()) return nullptr;
-    node* last = nullptr;
     std::intptr_t got = 0;
-    result = depot_take(batch_ + 1, &last, &got);
+    result = depot_take(batch_ + 1, &got);
     depot_unlock();
     if (result == nullptr) return nullptr;  // out of memory
     if (got > 1) {
       node* rest = result->next;
       result->next = nullptr;
-      if (!push_chain_home(rest, last, got - 1)) depot_give(rest, last, got - 1);
+      if (!push_chain_home(rest, got - 1)) depot_give(rest, nullptr, got - 1);
     }
   }
   if (checks_) check_allocate(result);
@@ -394,27 +472,32 @@ void object_pool::deallocate_slow(node* n, bool has_sections) noexcept {
   deallocate_spill(n, has_sections);
 }
 
-// With rseq, the top batch and n go to the depot, so the next frees are
-// local again. Without, n goes on the thread's own cache or its hint CPU's
-// (the ladder), a full one shedding its top batch to the depot first (the
-// depths below stay right, since they count from the bottom); on the depot
-// when neither can be had now. The depot is only reached once no list is
-// held (R1).
+// The cache is full (or locked, or its sections kept aborting), or the
+// thread has no rseq. Under the cache's lock, its top batch goes to the
+// depot and n onto the cache, so the next frees are local again (the
+// depths below stay right, since they count from the bottom). A thread
+// with rseq locks its CPU's cache from a section (one step, where popping
+// the batch takes a section per object, its fallback when the lock is
+// busy); one without, its own cache or its hint CPU's (the ladder). On the
+// depot when none can be had now. The depot is only reached once no list
+// is held (R1).
 void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
   spill_batch spill;
+  auto shed_and_push = [&](std::intptr_t* head) {
+    if (depth_of(*head) >= capacity_) shed_batch(head, &spill);
+    n->next = reinterpret_cast<node*>(*head);
+    n->depth = depth_of(*head) + 1;
+    *head = reinterpret_cast<std::intptr_t>(n);
+    return true;
+  };
   const bool cached = lists_.at_home(
       has_sections ? internal::section_area() : nullptr,
       [&](internal::rseq_area* area) {
+        if (lists_.on_local_cpu_list(area, shed_and_push)) return true;
         spill_in_sections(area, &spill);
         return false;
       },
-      [&](std::intptr_t* head) {
-        if (depth_of(*head) >= capacity_) shed_batch(head, &spill);
-        n->next = reinterpret_cast<node*>(*head);
-        n->depth = depth_of(*head) + 1;
-        *head = reinterpret_cast<std::intptr_t>(n);
-        return true;
-      });
+      shed_and_push);
   if (!cached) spill.push_front(n);
   if (spill.count > 0) depot_give(spill.first, spill.last, spill.count);
 }
@@ -455,8 +538,9 @@ std::size_t object_pool::trim() noexcept {
   lists_.drain(kTrimTries, [&](std::intptr_t head) {
     moved += depot_give_list(reinterpret_cast<node*>(head));
   });
-  if (const std::intptr_t chain = lists_.overflow_take_all()) {
-    moved += depot_give_list(reinterpret_cast<node*>(chain));
+  if (depot_lock()) {
+    moved += drain_overflow_locked();
+    depot_unlock();
   }
   return moved;
 }

@@ -62,6 +62,11 @@
 //   (percpu-bench --structures, the memory table), nearly all of it the
 //   first two pages of each pool's chunk.
 //
+// By CPU only: no concurrency-id form
+//   The caches are free lists (free_list.hpp says why those stay by CPU):
+//   trim(), fork() and a refill that steals read one cache head per
+//   possible CPU, and a cache no CPU touched costs no memory.
+//
 // Thread safety and signals
 //   allocate, deallocate and trim are thread-safe. deallocate is
 //   async-signal-safe. allocate is async-signal-safe too, with one limit: a
@@ -163,7 +168,8 @@ class object_pool final : private internal::fork_participant {
 
  private:
   // A free object, as the caches and the depot link it. depth is the number
-  // of objects from this one to the bottom of its cache, itself included.
+  // of objects from this one to the bottom of its cache, itself included (in
+  // the depot, of its chain: see object_pool.cpp, "the depot's chains").
   struct node {
     node* next;
     std::intptr_t depth;
@@ -201,15 +207,15 @@ class object_pool final : private internal::fork_participant {
   PERCPU_LOCAL __attribute__((noinline)) void deallocate_spill(node* n, bool has_sections) noexcept;
   PERCPU_LOCAL __attribute__((noinline)) void spill_in_sections(internal::rseq_area* area,
                                                                 spill_batch* spill) noexcept;
-  PERCPU_LOCAL bool push_chain_home(node* first, node* last, std::intptr_t count) noexcept;
+  PERCPU_LOCAL bool push_chain_home(node* first, std::intptr_t count) noexcept;
   PERCPU_LOCAL __attribute__((noinline)) void shed_batch(std::intptr_t* head,
                                                          spill_batch* spill) noexcept;
   PERCPU_LOCAL bool depot_lock() noexcept;
   PERCPU_LOCAL void depot_unlock() noexcept;
-  PERCPU_LOCAL node* depot_take(std::intptr_t want, node** last, std::intptr_t* got) noexcept;
+  PERCPU_LOCAL node* depot_take(std::intptr_t want, std::intptr_t* got) noexcept;
   PERCPU_LOCAL void depot_give(node* first, node* last, std::intptr_t count) noexcept;
   PERCPU_LOCAL std::size_t depot_give_list(node* first) noexcept;
-  PERCPU_LOCAL void drain_overflow_locked() noexcept;
+  PERCPU_LOCAL std::size_t drain_overflow_locked() noexcept;
   PERCPU_LOCAL bool carve_chunk_locked() noexcept;
   void check_allocate(void* p) noexcept;
   void check_deallocate(void* p) noexcept;
@@ -229,7 +235,8 @@ class object_pool final : private internal::fork_participant {
   std::size_t alignment_;
   std::size_t stride_;
 
-  // The depot, behind depot_flag_ (a flag of percpu/internal/cpu_slots.hpp).
+  // The depot, behind depot_flag_ (a flag of percpu/internal/cpu_slots.hpp):
+  // a stack of chains, depot_free_ the first node of the top one.
   alignas(64) int depot_flag_;
   node* depot_free_;
   std::intptr_t depot_count_;

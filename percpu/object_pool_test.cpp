@@ -32,6 +32,7 @@
 #include "percpu/cpu.hpp"
 #include "percpu/free_list.hpp"
 #include "percpu/internal/cpu_slots.hpp"
+#include "percpu/internal/fallback.hpp"
 #include "tests/stress/stress.hpp"
 #include "tests/support/pages.hpp"
 
@@ -296,6 +297,39 @@ TEST(ObjectPoolTest, CachesAreBoundedAndReuseIsLocal) {
   EXPECT_EQ(cached_total(pool), 0u);
   EXPECT_EQ(pool.depot_objects(), pool.carved_objects());
   stress::restrict_to(saved);
+}
+
+// A free onto a full cache gives the depot exactly one batch, its top one,
+// and keeps the freed object on the cache, where the next allocation finds
+// it: in every mode, whether the cache is the CPU's (locked from a section
+// with rseq, or under its lock without) or the thread's own.
+TEST(ObjectPoolTest, AFreeOntoAFullCacheGivesTheDepotOneBatch) {
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
+  // A thread whose fallback is the getcpu system call keeps its CPU answer
+  // for a few calls: make every later answer the pinned CPU.
+  for (unsigned i = 0; i < internal::kCpuHintUses; ++i) (void)internal::cpu_hint();
+  object_pool::options o = checked(40);
+  o.cache_capacity = 16;
+  o.batch = 6;
+  object_pool pool(o);
+  std::vector<void*> objects;
+  for (int i = 0; i < 64; ++i) objects.push_back(pool.allocate());
+  void* last = objects.back();
+  objects.pop_back();
+  std::size_t frees = 0;
+  while (cached_total(pool) < 16 && frees < objects.size()) pool.deallocate(objects[frees++]);
+  ASSERT_EQ(cached_total(pool), 16u) << "the cache never filled: backend " << to_string(backend());
+  const std::size_t depot = pool.depot_objects();
+  pool.deallocate(last);
+  EXPECT_EQ(pool.depot_objects(), depot + 6) << "not one batch: backend " << to_string(backend());
+  EXPECT_EQ(cached_total(pool), 16u - 6u + 1u);
+  void* again = pool.allocate();
+  EXPECT_EQ(again, last) << "the freed object did not stay on the cache";
+  pool.deallocate(again);
+  while (frees < objects.size()) pool.deallocate(objects[frees++]);
+  stress::restrict_to(saved);
+  expect_all_home(pool);
 }
 
 TEST(ObjectPoolTest, TrimRefusesCachesItCannotFence) {

@@ -44,15 +44,58 @@ std::intptr_t* word_in(void* base, unsigned cpu, std::size_t offset) noexcept {
 // Where an update without a section goes: the atomic copy of the CPU the
 // thread runs on (internal::cpu_hint(): a stale answer costs locality, not
 // correctness, as only atomics write these copies), or the shared copy when
-// no memory can be mapped for them.
+// no memory can be mapped for them. For cid_per_cpu (`by_id`) the CPU's
+// index is the id threads without rseq have, and the concurrency limit is
+// raised to cover it before the caller writes there.
 std::intptr_t* word_without_section(per_cpu_storage* storage, std::size_t bytes,
-                                    std::intptr_t* shared, std::size_t offset) noexcept {
+                                    std::intptr_t* shared, std::size_t offset,
+                                    bool by_id = false) noexcept {
   if (void* base = set_or_allocate(&storage->atomic_copies, bytes)) {
     const unsigned count = static_cast<unsigned>(max_cpus());
-    const unsigned cpu = static_cast<unsigned>(cpu_hint());
-    return word_in(base, cpu < count ? cpu : cpu % count, offset);
+    const unsigned index = cpu_hint_index(count);
+    if (by_id) raise_concurrency_limit(index);
+    return word_in(base, index, offset);
   }
   return reinterpret_cast<std::intptr_t*>(reinterpret_cast<char*>(shared) + offset);
+}
+
+// Leaves the object as a constant-initialised one would be, so a late use
+// from another static destructor reads zero and takes fresh copies. Only
+// the copies below `written` can hold updates.
+void release_sets(per_cpu_storage* storage, std::size_t bytes, std::intptr_t* shared,
+                  std::size_t shared_words, unsigned written) noexcept {
+  void* copies = storage->copies.exchange(nullptr, std::memory_order_acq_rel);
+  void* atomic_copies = storage->atomic_copies.exchange(nullptr, std::memory_order_acq_rel);
+  for (std::size_t i = 0; i < shared_words; ++i) __atomic_store_n(&shared[i], 0, __ATOMIC_RELAXED);
+  if (copies != nullptr) stride_arena_for(bytes).deallocate(copies, written);
+  if (atomic_copies != nullptr) stride_arena_for(bytes).deallocate(atomic_copies, written);
+}
+
+// The section set of a thread that can run sections by concurrency id, or
+// nullptr. As cid_counter's slow path: sections only on the sections' area,
+// and only for a thread that has a registration there.
+void* cid_section_set(per_cpu_storage* storage, std::size_t bytes) noexcept {
+  if (area_unless_known_missing() == nullptr) return nullptr;  // registers it where that is ours
+  return set_or_allocate(&storage->copies, bytes);
+}
+
+// Runs `section(start, limit)` at the id the thread shows, after raising
+// the limit to cover it (read outside the section, the id may have changed
+// by the time the section reads its own, which then leaves with `beyond`
+// if that one is not below the limit), until it returns something other
+// than -1 or `beyond`, at most kSectionTries times: that value, or -1.
+template <typename Section>
+int cid_section(Section section, int beyond) noexcept {
+  const unsigned count = static_cast<unsigned>(max_cpus());
+  for (int tries = 0; tries < kSectionTries; ++tries) {
+    const cid_start start = start_cid_section();
+    const unsigned id = static_cast<unsigned>(started_concurrency_id(start));
+    if (id >= count) break;  // no registration on the sections' area
+    raise_concurrency_limit(id);
+    const int r = section(start, concurrency_limit());
+    if (r != -1 && r != beyond) return r;
+  }
+  return -1;
 }
 
 }  // namespace
@@ -113,15 +156,64 @@ std::intptr_t per_cpu_load(per_cpu_storage* storage, std::size_t bytes, std::int
   return __atomic_load_n(word_without_section(storage, bytes, shared, offset), __ATOMIC_RELAXED);
 }
 
-// Leaves the object as a constant-initialised one would be, so a late use
-// from another static destructor reads zero and takes fresh copies.
 void per_cpu_release(per_cpu_storage* storage, std::size_t bytes, std::intptr_t* shared,
                      std::size_t shared_words) noexcept {
-  void* copies = storage->copies.exchange(nullptr, std::memory_order_acq_rel);
-  void* atomic_copies = storage->atomic_copies.exchange(nullptr, std::memory_order_acq_rel);
-  for (std::size_t i = 0; i < shared_words; ++i) __atomic_store_n(&shared[i], 0, __ATOMIC_RELAXED);
-  if (copies != nullptr) stride_arena_for(bytes).deallocate(copies);
-  if (atomic_copies != nullptr) stride_arena_for(bytes).deallocate(atomic_copies);
+  release_sets(storage, bytes, shared, shared_words, stride_arena::kEveryCopy);
+}
+
+void per_cpu_cid_add_slow(per_cpu_storage* storage, std::size_t bytes, std::intptr_t* shared,
+                          std::size_t offset, std::intptr_t delta) noexcept {
+  if (void* base = cid_section_set(storage, bytes)) {
+    std::intptr_t* word = field_word(base, offset);
+    if (cid_section(
+            [&](cid_start start, std::uint32_t limit) {
+              return rseq_addv_cid_started(start, word, limit, delta);
+            },
+            1) == 0) {
+      return;
+    }
+  }
+  __atomic_fetch_add(word_without_section(storage, bytes, shared, offset, true), delta,
+                     __ATOMIC_RELAXED);
+}
+
+bool per_cpu_cid_compare_and_store(per_cpu_storage* storage, std::size_t bytes,
+                                   std::intptr_t* shared, std::size_t offset,
+                                   std::intptr_t expected, std::intptr_t desired) noexcept {
+  if (void* base = cid_section_set(storage, bytes)) {
+    std::intptr_t* word = field_word(base, offset);
+    const int r = cid_section(
+        [&](cid_start start, std::uint32_t limit) {
+          return rseq_cmpeqv_storev_cid_started(start, word, limit, expected, desired);
+        },
+        2);
+    if (r == 0) return true;
+    if (r == 1) return false;
+  }
+  return __atomic_compare_exchange_n(word_without_section(storage, bytes, shared, offset, true),
+                                     &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
+
+// The word this thread's updates go to now: its id's copy when it runs
+// sections (an id at or above the limit reads the zero its copy holds),
+// else word_without_section(), by id.
+std::intptr_t per_cpu_cid_load(per_cpu_storage* storage, std::size_t bytes, std::intptr_t* shared,
+                               std::size_t offset) noexcept {
+  void* base = storage->copies.load(std::memory_order_acquire);
+  if (base != nullptr && area_unless_known_missing() != nullptr) {
+    const unsigned id = static_cast<unsigned>(started_concurrency_id(start_cid_section()));
+    if (id < static_cast<unsigned>(max_cpus())) {
+      return __atomic_load_n(word_in(base, id, offset), __ATOMIC_RELAXED);
+    }
+  }
+  return __atomic_load_n(word_without_section(storage, bytes, shared, offset, true),
+                         __ATOMIC_RELAXED);
+}
+
+// Only the copies below the concurrency limit can have been written.
+void per_cpu_cid_release(per_cpu_storage* storage, std::size_t bytes, std::intptr_t* shared,
+                         std::size_t shared_words) noexcept {
+  release_sets(storage, bytes, shared, shared_words, concurrency_limit());
 }
 
 void per_cpu_index_out_of_range(int cpu, int count) noexcept {

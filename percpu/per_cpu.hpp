@@ -21,7 +21,8 @@
 //   several fields must change together as one (a pair that readers must
 //   never see half-updated): each operation changes one word, and a reader
 //   may see the first add of a pair and not the second. When reads are as
-//   frequent as writes: sum() reads every possible CPU's copy.
+//   frequent as writes: sum() reads every possible CPU's copy (a
+//   cid_per_cpu's, those of the concurrency ids used so far; see below).
 //
 // The operations
 //   Each names a field by a pointer to member (`&stats::bytes`) whose type
@@ -76,6 +77,30 @@
 //   update it. A CPU's copies of many per_cpu objects share that CPU's
 //   pages, copies of two CPUs never share a cache line, and a CPU that
 //   never updates costs nothing. Given back for reuse by the destructor.
+//   A cid_per_cpu is the same, per concurrency id that updates it.
+//
+// Indexed by concurrency id: cid_per_cpu<T>
+//   percpu::cid_per_cpu<T> is per_cpu<T> with its copies indexed by the
+//   thread's concurrency id (concurrency_id(): the kernel's mm_cid, Linux
+//   6.3+) instead of its CPU, as cid_counter is counter's (counter.hpp says
+//   what the ids are). What that changes:
+//     - sum() reads the copies of the ids some structure indexed by
+//       concurrency id has used so far (internal/concurrency_limit.hpp), not
+//       max_cpus() copies: on a host whose possible list is 0-4095, a
+//       2-thread process reads about 2 copies of each set instead of 4,096.
+//     - copy(i) is what sections made under id i; atomic_copy(i) is still
+//       the atomic copy of CPU i, the id threads without rseq have. load(),
+//       store() and compare_and_store() act on the copy of the thread's id.
+//       cpus() is still max_cpus(), which bounds every id; copies at or
+//       above the limit read zero.
+//     - add() is one section, as per_cpu's, which also reads the id and the
+//       limit and tests one against the other; compare_and_store() runs
+//       its section out of line, as per_cpu's does.
+//   Where the kernel keeps no mm_cid, the id is the CPU id (decided once at
+//   start-up; percpu-bench prints which). The choice is per object, by
+//   type, so that neither add pays a test for the other: use cid_per_cpu
+//   where a process runs a few threads on a host with many possible CPUs,
+//   or sums often, and per_cpu where threads outnumber CPUs.
 //
 // Thread safety and signals
 //   Every member is thread-safe, async-signal-safe and never blocks: the
@@ -85,6 +110,7 @@
 //   undefined, as for any object; the destructor leaves it as a fresh one.
 //   No member changes errno or is a cancellation point. An update that a
 //   signal handler leaves with siglongjmp either happened or did not.
+//   All of this holds for cid_per_cpu as well.
 #pragma once
 
 #include <atomic>
@@ -95,6 +121,7 @@
 #include <type_traits>
 
 #include "percpu/cpu.hpp"
+#include "percpu/internal/concurrency_limit.hpp"
 #include "percpu/internal/rseq_cs.hpp"
 #include "percpu/internal/stride_arena.hpp"
 
@@ -144,6 +171,21 @@ PERCPU_EXPORT std::intptr_t per_cpu_load(per_cpu_storage* storage, std::size_t b
                                          std::intptr_t* shared, std::size_t offset) noexcept;
 PERCPU_EXPORT void per_cpu_release(per_cpu_storage* storage, std::size_t bytes,
                                    std::intptr_t* shared, std::size_t shared_words) noexcept;
+// The same four by concurrency id (cid_per_cpu<T>): the section set's copy
+// is the thread's id's, the atomic set's its CPU's, and each raises the
+// concurrency limit to cover the copy before it writes there.
+PERCPU_EXPORT void per_cpu_cid_add_slow(per_cpu_storage* storage, std::size_t bytes,
+                                        std::intptr_t* shared, std::size_t offset,
+                                        std::intptr_t delta) noexcept;
+PERCPU_EXPORT bool per_cpu_cid_compare_and_store(per_cpu_storage* storage, std::size_t bytes,
+                                                 std::intptr_t* shared, std::size_t offset,
+                                                 std::intptr_t expected,
+                                                 std::intptr_t desired) noexcept;
+PERCPU_EXPORT std::intptr_t per_cpu_cid_load(per_cpu_storage* storage, std::size_t bytes,
+                                             std::intptr_t* shared, std::size_t offset) noexcept;
+// Only the copies below the concurrency limit can have been written.
+PERCPU_EXPORT void per_cpu_cid_release(per_cpu_storage* storage, std::size_t bytes,
+                                       std::intptr_t* shared, std::size_t shared_words) noexcept;
 // copy(cpu) with cpu outside [0, count): prints both and aborts.
 [[noreturn]] PERCPU_EXPORT void per_cpu_index_out_of_range(int cpu, int count) noexcept;
 
@@ -226,9 +268,48 @@ class per_cpu {
   }
 
   T copy_from(const std::atomic<void*>& set, int cpu) const noexcept;
+  template <typename Count>
+  std::intptr_t sum_below(std::size_t offset, Count count) const noexcept;
+
+  template <typename>
+  friend class cid_per_cpu;  // the same object, indexed by concurrency id
 
   internal::per_cpu_storage storage_;
   std::intptr_t shared_[kSharedWords] = {};  // a T; only atomics touch it
+};
+
+// per_cpu<T> with its copies indexed by the thread's concurrency id (see
+// "Indexed by concurrency id" above). The same members, with the same
+// contracts, except where that section says.
+template <typename T>
+class cid_per_cpu : private per_cpu<T> {
+  using base = per_cpu<T>;
+
+ public:
+  constexpr cid_per_cpu() noexcept = default;
+  ~cid_per_cpu();
+  cid_per_cpu(const cid_per_cpu&) = delete;
+  cid_per_cpu& operator=(const cid_per_cpu&) = delete;
+
+  template <typename M>
+  void add(M T::*field, internal::same_as_t<M> delta) noexcept;
+  template <typename M>
+  bool compare_and_store(M T::*field, internal::same_as_t<M> expected,
+                         internal::same_as_t<M> desired) noexcept;
+  template <typename M>
+  void store(M T::*field, internal::same_as_t<M> value) noexcept;
+  template <typename M>
+  M load(M T::*field) const noexcept;
+
+  // Id `id`'s copy (copy()), CPU `id`'s atomic copy (atomic_copy()); valid
+  // ids are [0, cpus()), and out of range as per_cpu's.
+  using base::atomic_copy;
+  using base::copy;
+  using base::cpus;
+  using base::shared_copy;
+  // field summed over the copies of the ids used so far, both sets.
+  template <typename M>
+  M sum(M T::*field) const noexcept;
 };
 
 // ---- implementation -------------------------------------------------------
@@ -329,22 +410,110 @@ template <typename T>
 template <typename M>
 M per_cpu<T>::sum(M T::*field) const noexcept {
   check_field<M>();
-  const std::size_t offset = offset_of(field);
-  // Unsigned: the sum wraps as M's own arithmetic would.
+  return from_word<M>(sum_below(offset_of(field), [] { return max_cpus(); }));
+}
+
+// The shared copy's word at `offset` plus that word of copies [0, count())
+// of each set, `count` called after the set's pointer is loaded (a limit
+// read then covers every write made before the set existed). Unsigned:
+// the sum wraps as the field's own arithmetic would.
+template <typename T>
+template <typename Count>
+std::intptr_t per_cpu<T>::sum_below(std::size_t offset, Count count) const noexcept {
   std::uintptr_t total = static_cast<std::uintptr_t>(__atomic_load_n(
       reinterpret_cast<const std::intptr_t*>(reinterpret_cast<const char*>(shared_) + offset),
       __ATOMIC_RELAXED));
-  const int count = max_cpus();
   for (const std::atomic<void*>* set : {&storage_.copies, &storage_.atomic_copies}) {
     const char* copies = static_cast<const char*>(set->load(std::memory_order_acquire));
     if (copies == nullptr) continue;
-    for (int c = 0; c < count; ++c) {
+    const int n = count();
+    for (int c = 0; c < n; ++c) {
       const auto* word = reinterpret_cast<const std::intptr_t*>(
           internal::stride_copy(copies, static_cast<unsigned>(c)) + offset);
       total += static_cast<std::uintptr_t>(__atomic_load_n(word, __ATOMIC_RELAXED));
     }
   }
-  return from_word<M>(static_cast<std::intptr_t>(total));
+  return static_cast<std::intptr_t>(total);
+}
+
+// ---- cid_per_cpu ----------------------------------------------------------
+
+// Gives back only the copies below the concurrency limit (the rest were
+// never written); the base's destructor then finds nothing to give back.
+template <typename T>
+cid_per_cpu<T>::~cid_per_cpu() {
+  internal::per_cpu_cid_release(&this->storage_, base::kCopyBytes, this->shared_,
+                                base::kSharedWords);
+}
+
+// The hot path, as cid_counter::add: one section that reads the thread's
+// concurrency id, tests it against the concurrency limit and adds at that
+// id's copy (the field's word in copy 0 is the base the section strides
+// from); a new high, no copies yet, no registration and an aborted section
+// go to the library.
+template <typename T>
+template <typename M>
+inline void cid_per_cpu<T>::add(M T::*field, internal::same_as_t<M> delta) noexcept {
+  base::template check_field<M>();
+  const internal::cid_start start = internal::start_cid_section();
+  char* copies = static_cast<char*>(this->storage_.copies.load(std::memory_order_relaxed));
+  const std::size_t offset = this->offset_of(field);
+  if (__builtin_expect(copies != nullptr, 1) &&
+      __builtin_expect(
+          internal::rseq_addv_cid_started(start, reinterpret_cast<std::intptr_t*>(copies + offset),
+                                          internal::concurrency_limit(), base::to_word(delta)) == 0,
+          1)) {
+    return;
+  }
+  internal::per_cpu_cid_add_slow(&this->storage_, base::kCopyBytes, this->shared_, offset,
+                                 base::to_word(delta));
+}
+
+template <typename T>
+template <typename M>
+bool cid_per_cpu<T>::compare_and_store(M T::*field, internal::same_as_t<M> expected,
+                                       internal::same_as_t<M> desired) noexcept {
+  base::template check_field<M>();
+  return internal::per_cpu_cid_compare_and_store(&this->storage_, base::kCopyBytes, this->shared_,
+                                                 this->offset_of(field), base::to_word(expected),
+                                                 base::to_word(desired));
+}
+
+// As per_cpu::store: a compare-and-store of the value last read, again
+// until nothing came in between.
+template <typename T>
+template <typename M>
+void cid_per_cpu<T>::store(M T::*field, internal::same_as_t<M> value) noexcept {
+  base::template check_field<M>();
+  const std::size_t offset = this->offset_of(field);
+  const std::intptr_t v = base::to_word(value);
+  for (;;) {
+    const std::intptr_t seen =
+        internal::per_cpu_cid_load(&this->storage_, base::kCopyBytes, this->shared_, offset);
+    if (internal::per_cpu_cid_compare_and_store(&this->storage_, base::kCopyBytes, this->shared_,
+                                                offset, seen, v)) {
+      return;
+    }
+  }
+}
+
+template <typename T>
+template <typename M>
+M cid_per_cpu<T>::load(M T::*field) const noexcept {
+  base::template check_field<M>();
+  auto* self = const_cast<cid_per_cpu*>(this);  // the storage is read, never changed
+  return base::template from_word<M>(internal::per_cpu_cid_load(
+      &self->storage_, base::kCopyBytes, self->shared_, this->offset_of(field)));
+}
+
+// Every write made before the limit is loaded is below it
+// (internal/concurrency_limit.hpp).
+template <typename T>
+template <typename M>
+M cid_per_cpu<T>::sum(M T::*field) const noexcept {
+  base::template check_field<M>();
+  return base::template from_word<M>(this->sum_below(
+      this->offset_of(field), [] { return static_cast<int>(internal::concurrency_limit()); }));
 }
 
 }  // namespace percpu

@@ -97,14 +97,17 @@ void ref::add_to_count(std::int64_t delta, bool only_if_alive, bool* added) noex
     *added = true;
     return;
   }
-  const std::int64_t before = count_.fetch_add(delta, std::memory_order_acq_rel);
-  const std::int64_t after = before + delta;
+  const std::int64_t after = count_.fetch_add(delta, std::memory_order_acq_rel) + delta;
+  if (after <= 0 || (delta > 0 && after <= delta)) count_reached(delta, after);
+  if (added != nullptr) *added = true;
+}
+
+void ref::count_reached([[maybe_unused]] std::int64_t delta, std::int64_t after) noexcept {
 #ifndef NDEBUG
-  if (delta > 0 && before <= 0) die("percpu::ref::get: the ref was already released\n");
+  if (delta > 0 && after - delta <= 0) die("percpu::ref::get: the ref was already released\n");
   if (after < 0) die("percpu::ref::put: more puts than gets\n");
 #endif
   if (after == 0) release_now();
-  if (added != nullptr) *added = true;
 }
 
 void ref::add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept {
@@ -162,9 +165,8 @@ void ref::add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept
     }
     // Any slot's atomic word is correct; a recent CPU of this thread's keeps
     // the line local (internal::cpu_hint(): no fallback query per call).
-    const unsigned cpu = static_cast<unsigned>(internal::cpu_hint());
     std::atomic<std::int64_t>& word =
-        internal::stride_copy(slots_, cpu < count ? cpu : cpu % count)->by_atomic;
+        internal::stride_copy(slots_, internal::cpu_hint_index(count))->by_atomic;
     std::int64_t seen = word.load(std::memory_order_relaxed);
     while (seen != kPoisoned) {
       if (word.compare_exchange_weak(seen, seen + delta, std::memory_order_acq_rel,
@@ -181,7 +183,7 @@ bool ref::try_get() noexcept {
   // Before kill() folds the slots in, the initial reference keeps the count
   // above zero, so the per-CPU paths may add; after, every slot is taken and
   // add_slow ends at count_, which refuses zero.
-  if (add_local(2)) return true;
+  if (add_local(2) == local_result::added) return true;
   bool added = false;
   add_slow(1, true, &added);
   return added;

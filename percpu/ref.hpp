@@ -48,6 +48,18 @@
 //   memory, once per 2,000 refs or so, makes one); if no memory can be
 //   mapped, the ref counts with its single atomic from the start.
 //
+// By CPU only: no concurrency-id form
+//   A ref has no form indexed by concurrency id (as cid_counter is
+//   counter's). get() and put() would pay the id's read and its test
+//   against the concurrency limit in their sections (1.3 to 1.5 times a
+//   counter add by CPU, docs/results.md), and kill() would have to fence
+//   every CPU the process runs on, since an id names no CPU. What by-CPU
+//   indexing costs instead is kill()'s walk and its memory: it takes every
+//   possible CPU's words, so on a host whose possible list is 0-4095 a
+//   killed ref has written 4,096 of them (about 128 KiB of per-CPU memory
+//   for that ref, see Memory), where one indexed by id would write those of
+//   the ids used. Many refs killed on such a host cost that much each.
+//
 // Thread safety and signals
 //   get(), try_get() and put() are thread-safe and async-signal-safe (put()
 //   as long as the release function is, since it may run inside it); a
@@ -136,8 +148,16 @@ class ref : private internal::fork_participant {
   static constexpr std::int64_t kBias = std::int64_t{1} << 60;
   static constexpr std::int64_t kPoisoned = INT64_MIN;
 
-  bool add_local(std::intptr_t step) noexcept;
+  // What add_local() found: committed, the CPU's word taken (kill() took it,
+  // or the ref keeps sections off its slots), or anything else.
+  enum class local_result { added, word_locked, other };
+  local_result add_local(std::intptr_t step) noexcept;
   void add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept;
+  // get() or put() made `delta` on the count after kill() and left it at
+  // `after`, not above zero (or a get found it not above zero): runs the
+  // release function at zero, and in debug builds aborts on misuse, as
+  // add_to_count() does.
+  void count_reached(std::int64_t delta, std::int64_t after) noexcept;
   PERCPU_LOCAL void add_to_count(std::int64_t delta, bool only_if_alive, bool* added) noexcept;
   PERCPU_LOCAL void release_now() noexcept;
   void before_fork() noexcept override;
@@ -161,31 +181,46 @@ class ref : private internal::fork_participant {
 
 // The hot path: a started compare-and-store of the CPU's rseq word
 // (internal/rseq_cs.hpp, "The hot paths' form"), value plus `step` (+2 for
-// get, -2 for put). It reports false, and the caller goes to add_slow(), for
-// a thread with no registration on the sections' area (no rseq, before
-// start-up, the test seam), a ref without slots, a locked word (kill() took
+// get, -2 for put). It reports word_locked for a locked word (kill() took
 // it, or the ref keeps sections off its slots: their words start locked),
-// and an aborted section. The word is read before the section only once the
-// started area shows a CPU: the kernel keeps cpu_id_start a CPU id there,
-// below max_cpus(), so at a copy that exists. No mark of the thread is
-// needed for kill()'s lockers: the section users count covers every
-// registration a started section can commit under (cpu_slots.hpp, "The
-// started form").
-inline bool ref::add_local(std::intptr_t step) noexcept {
+// and other, for the caller's slow path, for a thread with no registration
+// on the sections' area (no rseq, before start-up, the test seam), a ref
+// without slots and an aborted section. The word is read before the
+// section only once the started area shows a CPU: the kernel keeps
+// cpu_id_start a CPU id there, below max_cpus(), so at a copy that exists.
+// No mark of the thread is needed for kill()'s lockers: the section users
+// count covers every registration a started section can commit under
+// (cpu_slots.hpp, "The started form").
+inline ref::local_result ref::add_local(std::intptr_t step) noexcept {
   const internal::section_start start = internal::start_section();
-  if (__builtin_expect(internal::started_area_unregistered(start), 0)) return false;
+  if (__builtin_expect(internal::started_area_unregistered(start), 0)) return local_result::other;
   slot_words* s = slots_;
-  if (__builtin_expect(s == nullptr, 0)) return false;
+  if (__builtin_expect(s == nullptr, 0)) return local_result::other;
   std::intptr_t* word = &internal::stride_copy_at(s, start)->rseq.head;
   const std::intptr_t seen = *reinterpret_cast<volatile std::intptr_t*>(word);
   if (step < 0) PERCPU_TSAN_RELEASE(this);  // a put: after its last read of *this
-  return __builtin_expect(seen != internal::kSlotLocked, 1) &&
-         __builtin_expect(internal::rseq_cmpeqv_storev_started(start, word, seen, seen + step) == 0,
-                          1);
+  if (__builtin_expect(seen == internal::kSlotLocked, 0)) return local_result::word_locked;
+  return __builtin_expect(internal::rseq_cmpeqv_storev_started(start, word, seen, seen + step) == 0,
+                          1)
+             ? local_result::added
+             : local_result::other;
 }
 
+// After kill(), a registered thread finds its CPU's word locked and adds to
+// the count inline, one atomic as the kernel's percpu_ref after its kill:
+// an add there is right at any time (ref.cpp, add_slow), and killed_ set
+// means the slots are being folded or are folded. Before kill() a locked
+// word (sections kept off the slots) goes to add_slow(), which keeps the
+// per-CPU atomic words.
 inline void ref::get() noexcept {
-  if (__builtin_expect(add_local(2), 1)) return;
+  const local_result r = add_local(2);
+  if (__builtin_expect(r == local_result::added, 1)) return;
+  if (r == local_result::word_locked && killed_.load(std::memory_order_relaxed) != 0) {
+    const std::int64_t before = count_.fetch_add(1, std::memory_order_acq_rel);
+    if (__builtin_expect(before > 0, 1)) return;
+    count_reached(1, before + 1);  // a get after the release
+    return;
+  }
   add_slow(1, false, nullptr);
 }
 
@@ -194,7 +229,14 @@ inline void ref::get() noexcept {
 // slow path), and release_now() acquires it before it calls the release
 // function.
 inline void ref::put() noexcept {
-  if (__builtin_expect(add_local(-2), 1)) return;
+  const local_result r = add_local(-2);
+  if (__builtin_expect(r == local_result::added, 1)) return;
+  if (r == local_result::word_locked && killed_.load(std::memory_order_relaxed) != 0) {
+    const std::int64_t after = count_.fetch_sub(1, std::memory_order_acq_rel) - 1;
+    if (__builtin_expect(after > 0, 1)) return;
+    count_reached(-1, after);
+    return;
+  }
   PERCPU_TSAN_RELEASE(this);
   add_slow(-1, false, nullptr);
 }

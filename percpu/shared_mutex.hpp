@@ -54,6 +54,13 @@
 //   write-locked once, take about 420 bytes each (percpu-bench
 //   --structures, the memory table).
 //
+// Indexed by thread, not by CPU
+//   Its reader words follow the threads already (one line per thread
+//   index), and a writer walks those of the thread indexes claimed so far
+//   in the process, however many CPUs are possible: there is no
+//   concurrency-id form, and none is needed. Only the two per-CPU counts,
+//   for threads beyond the thread slots, are by CPU.
+//
 // Fairness
 //   Readers that arrive after a writer announced itself wait behind it, so
 //   a stream of readers cannot starve a writer. When a writer unlocks, the

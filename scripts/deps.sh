@@ -6,7 +6,7 @@
 # Groups: build (compiler, CMake, GoogleTest, Google Benchmark, CLI11,
 #                nlohmann-json for percpu-bench's JSON),
 #         clang (with its sanitizer runtimes), valgrind, aarch64 (cross compiler, qemu-user, qemu-system),
-#         allocators (jemalloc, gperftools' tcmalloc),
+#         allocators (jemalloc, gperftools' tcmalloc, mimalloc),
 #         sync (TBB and liburcu, the benchmarks of shared_mutex and ref),
 #         gbench-tools (Google Benchmark's compare.py and the scipy it needs:
 #                percpu_bench_test runs it on percpu-bench --gbench-json),
@@ -21,7 +21,7 @@ for group in "$@"; do
     clang) packages+=(clang libclang-rt-dev) ;;  # the runtime: clang's -fsanitize=thread|address|memory
     valgrind) packages+=(valgrind) ;;
     aarch64) packages+=(g++-aarch64-linux-gnu qemu-user qemu-system-arm cpio) ;;
-    allocators) packages+=(libjemalloc-dev libgoogle-perftools-dev) ;;
+    allocators) packages+=(libjemalloc-dev libgoogle-perftools-dev libmimalloc-dev) ;;
     sync) packages+=(libtbb-dev liburcu-dev) ;;
     gbench-tools) packages+=(libbenchmark-tools python3-scipy) ;;
     abi) packages+=(abigail-tools) ;;

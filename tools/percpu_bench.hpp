@@ -139,6 +139,13 @@ struct structure_kind {
   // percpu is faster) the project accepts, with rseq and without it.
   double goal_with_rseq;
   double goal_without_rseq;
+  // The allocator the alternative's malloc and free come from, as the
+  // dynamic loader names it ("libtcmalloc_minimal.so.4"), or nullptr for
+  // the C library's. Such a row is measured in child processes of this
+  // binary run with LD_PRELOAD naming it: that is how these allocators are
+  // normally used (they replace malloc), and percpu's side runs in the same
+  // process, alternating with it, as in every other row.
+  const char* malloc_library = nullptr;
 };
 
 const std::vector<structure_kind>& structure_kinds();
@@ -254,6 +261,24 @@ int run_memory_child(const options& opts);
 // percpu_bench_structures.cpp
 constexpr const char* kStructuresChild = "structures";
 constexpr const char* kStructuresDenyChild = "structures-without-rseq";
+// A child's row followed by this and a malloc_library measures only the
+// rows of that allocator, which LD_PRELOAD has loaded into it.
+constexpr char kMallocLibrarySeparator = '@';
+// Whether this build runs under a sanitizer, whose own malloc a preloaded
+// allocator cannot replace: the rows of another malloc then say so instead
+// of a figure (and the tests expect that).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizerBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+constexpr bool kSanitizerBuild = true;
+#else
+constexpr bool kSanitizerBuild = false;
+#endif
+#else
+constexpr bool kSanitizerBuild = false;
+#endif
 // Every structure and alternative at every thread count, with rseq in this
 // process and without it in a child process.
 std::vector<structure_row> measure_structures(const options& opts);

@@ -122,8 +122,7 @@ int main(int argc, char** argv) {
   if (opts.child_row.rfind(percpu::bench::kMemoryChildPrefix, 0) == 0) {
     return percpu::bench::run_memory_child(opts);
   }
-  if (opts.child_row == percpu::bench::kStructuresChild ||
-      opts.child_row == percpu::bench::kStructuresDenyChild) {
+  if (opts.child_row.rfind(percpu::bench::kStructuresChild, 0) == 0) {  // and ...-without-rseq
     return percpu::bench::run_structures_child(opts);
   }
   if (!opts.child_row.empty()) return percpu::bench::run_child(opts);

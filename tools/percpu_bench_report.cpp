@@ -401,6 +401,21 @@ void print_structures(const run_result& run, std::FILE* out) {
       }
     }
   }
+  // The rows measured in a child with another malloc preloaded: where they
+  // are missing, why, once per allocator and mode.
+  std::vector<std::string> said;
+  for (const structure_row& row : run.structures) {
+    if (row.kind->malloc_library == nullptr) continue;
+    for (const auto& mode : {std::make_pair("with rseq", &row.with_rseq),
+                             std::make_pair("without rseq", &row.without_rseq)}) {
+      if (mode.second->available) continue;
+      const std::string line = std::string("   ") + row.kind->malloc_library + " rows, " +
+                               mode.first + ": n/a (" + mode.second->reason + ")";
+      if (std::find(said.begin(), said.end(), line) != said.end()) continue;
+      said.push_back(line);
+      std::fprintf(out, "%s\n", line.c_str());
+    }
+  }
   std::fprintf(
       out, "\n   The goals, per structure and mode (alternative / percpu, at 1 / 2 threads):\n");
   for (const structure_bar& b : structure_bars(run)) {
@@ -561,6 +576,11 @@ json json_structures(const run_result& run) {
                    {"ratio_is", "alternative/percpu"},
                    {"with_rseq", json_mode(row, true)},
                    {"without_rseq", json_mode(row, false)}});
+    // Added in schema 1: where the alternative's malloc came from, when it
+    // is not the C library's (the row ran in a child with it preloaded).
+    if (row.kind->malloc_library != nullptr) {
+      out.back()["malloc_library"] = row.kind->malloc_library;
+    }
   }
   return out;
 }

@@ -204,7 +204,13 @@ const std::map<std::string, std::pair<double, double>> kStructureFigures = {
     {"object_pool_allocate_deallocate", {3.0, 6.0}},
     {"shared_mutex_read", {1.5, 3.0}},
     {"shared_mutex_write", {20.0, 15.0}},
-    {"ref_get_put", {2.5, 5.0}}};
+    {"ref_get_put", {2.5, 5.0}},
+    {"object_pool_vs_tcmalloc", {4.0, 5.0}},
+    {"object_pool_vs_jemalloc", {4.0, 4.4}},
+    {"object_pool_vs_mimalloc", {4.0, 6.0}},
+    {"object_pool_burst_vs_tcmalloc", {10.0, 9.0}},
+    {"object_pool_burst_vs_jemalloc", {10.0, 12.0}},
+    {"object_pool_burst_vs_mimalloc", {10.0, 10.0}}};
 
 std::string print_to_string(const run_result& run) {
   char* buf = nullptr;

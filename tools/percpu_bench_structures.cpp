@@ -7,7 +7,16 @@
 // figure is the median over its threads. Repetitions are the outer loop, as
 // in the seed tables, so a slow drift in the machine's load hits a structure
 // and its alternative alike and their ratio stays fair.
+//
+// The pool's rows against tcmalloc, jemalloc and mimalloc run in children
+// of this binary that have the allocator preloaded as malloc (one pair of
+// children per allocator: with rseq, and without it), since that is how
+// those allocators are used: loaded with dlopen beside the C library's
+// malloc they either refuse (jemalloc's static TLS) or fall off their fast
+// paths. A child first says which file its malloc came from, so a missing
+// library is reported, not measured as glibc's malloc under its name.
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <unistd.h>
 
@@ -38,6 +47,8 @@ void percpu_bench_loop_free_list(std::uint64_t n);
 void percpu_bench_loop_mutex_vector_stack(std::uint64_t n);
 void percpu_bench_loop_object_pool(std::uint64_t n);
 void percpu_bench_loop_malloc(std::uint64_t n);
+void percpu_bench_loop_object_pool_burst(std::uint64_t n);
+void percpu_bench_loop_malloc_burst(std::uint64_t n);
 void percpu_bench_loop_shared_mutex(std::uint64_t n);
 void percpu_bench_loop_std_shared_mutex(std::uint64_t n);
 void percpu_bench_loop_shared_mutex_write(std::uint64_t n);
@@ -64,6 +75,10 @@ struct vector_stack {
   std::vector<percpu::free_list_node*> nodes;
 };
 constexpr std::size_t kObjectSize = 64;
+// Live objects per burst: twice object_pool's default cache capacity (128),
+// so each burst refills and spills through the depot, as a program that
+// holds a few hundred objects at a time does.
+constexpr std::uint64_t kBurst = 256;
 
 struct shared_objects {
   padded_atomic* slots = new padded_atomic[static_cast<std::size_t>(percpu::max_cpus())];
@@ -163,6 +178,35 @@ void percpu_bench_loop_malloc(std::uint64_t n) {
   }
 }
 
+// n allocations and n frees, in bursts: kBurst allocations, then their
+// frees, oldest first. The figure is per allocation+free pair.
+void percpu_bench_loop_object_pool_burst(std::uint64_t n) {
+  shared_objects& o = objects();
+  void* held[kBurst];
+  for (std::uint64_t done = 0; done < n;) {
+    const std::uint64_t k = std::min(kBurst, n - done);
+    for (std::uint64_t j = 0; j < k; ++j) {
+      held[j] = o.pool->allocate();
+      keep(held[j]);
+    }
+    for (std::uint64_t j = 0; j < k; ++j) o.pool->deallocate(held[j]);
+    done += k;
+  }
+}
+
+void percpu_bench_loop_malloc_burst(std::uint64_t n) {
+  void* held[kBurst];
+  for (std::uint64_t done = 0; done < n;) {
+    const std::uint64_t k = std::min(kBurst, n - done);
+    for (std::uint64_t j = 0; j < k; ++j) {
+      held[j] = std::malloc(kObjectSize);
+      keep(held[j]);
+    }
+    for (std::uint64_t j = 0; j < k; ++j) std::free(held[j]);
+    done += k;
+  }
+}
+
 void percpu_bench_loop_shared_mutex(std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) {
     g_shared_mutex.lock_shared();
@@ -229,6 +273,17 @@ constexpr std::uint64_t kStructureMinCalls = 100;
 // The goals are the alternative's time / percpu's. The counter's were set
 // the other way round (percpu / alternative at most 0.43 with rseq, at most
 // 1.2 without): inverted and rounded to the two places printed, 2.33 and 0.83.
+constexpr const char* kTcmalloc = "libtcmalloc_minimal.so.4";
+constexpr const char* kJemalloc = "libjemalloc.so.2";
+constexpr const char* kMimalloc = "libmimalloc.so.2";
+// The Debian package that installs each, for the reason a row is missing.
+const char* package_of(const std::string& library) {
+  if (library == kTcmalloc) return "libgoogle-perftools-dev (or libtcmalloc-minimal4)";
+  if (library == kJemalloc) return "libjemalloc-dev (or libjemalloc2)";
+  if (library == kMimalloc) return "libmimalloc-dev (or libmimalloc2.0)";
+  return "its package";
+}
+
 const std::vector<structure_kind> kKinds = {
     {"counter_add", "percpu::counter::add(1)", "per-CPU-slot std::atomic fetch_add (relaxed)",
      "per-CPU-slot fetch_add / counter::add", percpu_bench_loop_counter_add,
@@ -249,6 +304,28 @@ const std::vector<structure_kind> kKinds = {
     {"ref_get_put", "percpu::ref get+put", "atomic reference count fetch_add+fetch_sub",
      "atomic count / ref get+put", percpu_bench_loop_ref, percpu_bench_loop_atomic_refcount, 1.0,
      1.0},
+    // The general allocators a pool user would pick instead, each as the
+    // process's malloc. A per-CPU pool that loses to them on its own object
+    // size has no reason to exist: pairs must be 1.2 times as fast, bursts
+    // (more live objects than a cache holds) at least as fast.
+    {"object_pool_vs_tcmalloc", "percpu::object_pool pair (tcmalloc is malloc)",
+     "tcmalloc malloc+free (64 bytes, gperftools)", "tcmalloc / object_pool pair",
+     percpu_bench_loop_object_pool, percpu_bench_loop_malloc, 1.2, 1.2, kTcmalloc},
+    {"object_pool_vs_jemalloc", "percpu::object_pool pair (jemalloc is malloc)",
+     "jemalloc malloc+free (64 bytes)", "jemalloc / object_pool pair",
+     percpu_bench_loop_object_pool, percpu_bench_loop_malloc, 1.2, 1.2, kJemalloc},
+    {"object_pool_vs_mimalloc", "percpu::object_pool pair (mimalloc is malloc)",
+     "mimalloc malloc+free (64 bytes)", "mimalloc / object_pool pair",
+     percpu_bench_loop_object_pool, percpu_bench_loop_malloc, 1.2, 1.2, kMimalloc},
+    {"object_pool_burst_vs_tcmalloc", "percpu::object_pool burst of 256 (tcmalloc is malloc)",
+     "tcmalloc 256 mallocs, 256 frees", "tcmalloc / object_pool burst of 256",
+     percpu_bench_loop_object_pool_burst, percpu_bench_loop_malloc_burst, 1.0, 1.0, kTcmalloc},
+    {"object_pool_burst_vs_jemalloc", "percpu::object_pool burst of 256 (jemalloc is malloc)",
+     "jemalloc 256 mallocs, 256 frees", "jemalloc / object_pool burst of 256",
+     percpu_bench_loop_object_pool_burst, percpu_bench_loop_malloc_burst, 1.0, 1.0, kJemalloc},
+    {"object_pool_burst_vs_mimalloc", "percpu::object_pool burst of 256 (mimalloc is malloc)",
+     "mimalloc 256 mallocs, 256 frees", "mimalloc / object_pool burst of 256",
+     percpu_bench_loop_object_pool_burst, percpu_bench_loop_malloc_burst, 1.0, 1.0, kMimalloc},
 };
 const std::vector<int> kThreadCounts = {1, 2};
 
@@ -289,11 +366,34 @@ std::uint64_t fit_structure_calls(loop_fn loop, int threads, std::uint64_t cap) 
                                  static_cast<std::uint64_t>(fitted));
 }
 
-// Every kind at every thread count, in this process, into `mode` of each row.
+// Whether a row's alternative runs on `library`'s malloc (nullptr: the C
+// library's).
+bool of_library(const structure_row& row, const char* library) {
+  const char* own = row.kind->malloc_library;
+  return own == nullptr || library == nullptr ? own == library : std::strcmp(own, library) == 0;
+}
+
+// The file this process's malloc comes from, as the loader names it
+// ("/lib/x86_64-linux-gnu/libc.so.6"), or "unknown".
+std::string malloc_file() {
+  Dl_info info{};
+  void* m = dlsym(RTLD_DEFAULT, "malloc");
+  if (m == nullptr || dladdr(m, &info) == 0 || info.dli_fname == nullptr) return "unknown";
+  return info.dli_fname;
+}
+
+bool file_is_library(const std::string& file, const std::string& library) {
+  const std::size_t slash = file.rfind('/');
+  return file.substr(slash == std::string::npos ? 0 : slash + 1) == library;
+}
+
+// Every kind of `library` at every thread count, in this process, into
+// `mode` of each row.
 void measure_here(const options& opts, std::vector<structure_row>* rows,
-                  structure_mode structure_row::*mode) {
+                  structure_mode structure_row::*mode, const char* library) {
   use_clock(opts);
   for (structure_row& row : *rows) {
+    if (!of_library(row, library)) continue;
     structure_mode& m = row.*mode;
     m.available = true;
     m.backend = to_string(backend());
@@ -305,6 +405,7 @@ void measure_here(const options& opts, std::vector<structure_row>* rows,
   }
   for (int rep = 0; rep < opts.repetitions; ++rep) {
     for (structure_row& row : *rows) {
+      if (!of_library(row, library)) continue;
       structure_mode& m = row.*mode;
       for (structure_side* side : {&m.percpu, &m.alternative}) {
         const loop_fn loop = side == &m.percpu ? row.kind->percpu_loop : row.kind->alternative_loop;
@@ -330,21 +431,31 @@ std::vector<structure_row> empty_rows() {
 }
 
 void mark_unavailable(std::vector<structure_row>* rows, structure_mode structure_row::*mode,
-                      const std::string& reason) {
+                      const char* library, const std::string& reason) {
   for (structure_row& row : *rows) {
+    if (!of_library(row, library)) continue;
     (row.*mode).available = false;
     (row.*mode).reason = reason;
   }
 }
 
 // The child's figures, one line per side:
-//   backend BACKEND
-//   side KIND THREADS percpu|alternative CALLS NS_PER_OP... ; ALL_NS_PER_OP...
-bool parse_child(const std::string& text, int repetitions, std::vector<structure_row>* rows) {
+//   backend BACKEND malloc FILE
+//   side KIND THREADS percpu|alternative CALLS NS_PER_OP... ; ALL_NS_PER_OP... end
+// into `mode` of the rows of `library`. False when the text is not that,
+// or misses a row; *backend_name and *malloc_from say what the child had.
+bool parse_child(const std::string& text, int repetitions, const char* library,
+                 std::vector<structure_row>* rows, structure_mode structure_row::*mode,
+                 std::string* backend_name, std::string* malloc_from) {
   std::istringstream in(text);
-  std::string word, backend_name;
-  if (!(in >> word >> backend_name) || word != "backend") return false;
-  std::size_t seen = 0;
+  std::string word, malloc_word;
+  if (!(in >> word >> *backend_name >> malloc_word >> *malloc_from) || word != "backend" ||
+      malloc_word != "malloc") {
+    return false;
+  }
+  if (library != nullptr && !file_is_library(*malloc_from, library)) return true;
+  std::size_t seen = 0, expected = 0;
+  for (const structure_row& row : *rows) expected += of_library(row, library) ? 2 : 0;
   while (in >> word) {
     if (word != "side") return false;
     std::string kind, which;
@@ -363,10 +474,10 @@ bool parse_child(const std::string& text, int repetitions, std::vector<structure
     }
     if (medians.size() != static_cast<std::size_t>(repetitions) || all.empty()) return false;
     for (structure_row& row : *rows) {
-      if (kind != row.kind->name || threads != row.threads) continue;
-      structure_mode& m = row.without_rseq;
+      if (kind != row.kind->name || threads != row.threads || !of_library(row, library)) continue;
+      structure_mode& m = row.*mode;
       m.available = true;
-      m.backend = backend_name;
+      m.backend = *backend_name;
       structure_side& side = which == "percpu" ? m.percpu : m.alternative;
       side.available = true;
       side.calls = calls;
@@ -375,25 +486,60 @@ bool parse_child(const std::string& text, int repetitions, std::vector<structure
       ++seen;
     }
   }
-  return seen == rows->size() * 2;
+  return seen == expected;
 }
 
-void measure_without_rseq(const options& opts, std::vector<structure_row>* rows) {
-  std::string out;
-  const int status = run_capture({self_path(), "--calls", std::to_string(opts.calls),
-                                  "--repetitions", std::to_string(opts.repetitions), "--clock",
-                                  opts.clock, "--internal-child", kStructuresDenyChild},
-                                 {}, false, &out);
-  if (status != 0 || !parse_child(out, opts.repetitions, rows)) {
-    mark_unavailable(
-        rows, &structure_row::without_rseq,
-        "the child process without rseq failed (status " + std::to_string(status) + ")");
+// Runs this binary as child `row` (kStructuresChild or kStructuresDenyChild)
+// for the rows of `library`, preloaded when not nullptr, and files its
+// figures into `mode`, or the reason there are none.
+void measure_in_child(const options& opts, std::string row, const char* library,
+                      std::vector<structure_row>* rows, structure_mode structure_row::*mode) {
+  const bool deny = row == kStructuresDenyChild;
+  std::vector<std::string> env;
+  if (library != nullptr) {
+    row += kMallocLibrarySeparator;
+    row += library;
+    env.push_back(std::string("LD_PRELOAD=") + library);
+  }
+  std::string out, child_backend, malloc_from;
+  const int status = run_capture(
+      {self_path(), "--calls", std::to_string(opts.calls), "--repetitions",
+       std::to_string(opts.repetitions), "--clock", opts.clock, "--internal-child", row},
+      env, false, &out);
+  const bool parsed =
+      parse_child(out, opts.repetitions, library, rows, mode, &child_backend, &malloc_from);
+  if (status == 0 && parsed && library != nullptr && !file_is_library(malloc_from, library)) {
+    mark_unavailable(rows, mode, library,
+                     std::string(library) + " is not installed here (LD_PRELOAD left malloc in " +
+                         malloc_from + "; Debian: " + package_of(library) + ")");
     return;
   }
-  if (rows->front().without_rseq.backend == "rseq") {
-    mark_unavailable(rows, &structure_row::without_rseq,
-                     "the seccomp filter did not take rseq away from the child");
+  if (status != 0 || !parsed) {
+    mark_unavailable(rows, mode, library,
+                     std::string("the child process") + (deny ? " without rseq" : "") +
+                         " failed (status " + std::to_string(status) + ")");
+    return;
   }
+  const bool has_rseq = child_backend == "rseq";
+  if (deny && has_rseq) {
+    mark_unavailable(rows, mode, library,
+                     "the seccomp filter did not take rseq away from the child");
+  } else if (!deny && !has_rseq) {
+    mark_unavailable(rows, mode, library,
+                     "the child has no rseq (cpu_id() backend: " + child_backend + ")");
+  }
+}
+
+// The allocators of the rows that have one, each once, in the rows' order.
+std::vector<const char*> malloc_libraries() {
+  std::vector<const char*> libraries;
+  for (const structure_kind& kind : kKinds) {
+    if (kind.malloc_library == nullptr) continue;
+    bool seen = false;
+    for (const char* l : libraries) seen = seen || std::strcmp(l, kind.malloc_library) == 0;
+    if (!seen) libraries.push_back(kind.malloc_library);
+  }
+  return libraries;
 }
 
 }  // namespace
@@ -418,19 +564,39 @@ double structure_mode::ratio() const {
 
 std::vector<structure_row> measure_structures(const options& opts) {
   std::vector<structure_row> rows = empty_rows();
-  if (backend() == cpu_backend::rseq) {
-    measure_here(opts, &rows, &structure_row::with_rseq);
+  const bool rseq_here = backend() == cpu_backend::rseq;
+  const std::string no_rseq =
+      std::string("this process has no rseq (cpu_id() backend: ") + to_string(backend()) + ")";
+  if (rseq_here) {
+    measure_here(opts, &rows, &structure_row::with_rseq, nullptr);
   } else {
-    mark_unavailable(
-        &rows, &structure_row::with_rseq,
-        std::string("this process has no rseq (cpu_id() backend: ") + to_string(backend()) + ")");
+    mark_unavailable(&rows, &structure_row::with_rseq, nullptr, no_rseq);
   }
-  measure_without_rseq(opts, &rows);
+  measure_in_child(opts, kStructuresDenyChild, nullptr, &rows, &structure_row::without_rseq);
+  for (const char* library : malloc_libraries()) {
+    if (kSanitizerBuild) {
+      const std::string why = "not measured in a sanitizer build, whose malloc is the sanitizer's";
+      mark_unavailable(&rows, &structure_row::with_rseq, library, why);
+      mark_unavailable(&rows, &structure_row::without_rseq, library, why);
+      continue;
+    }
+    // A child inherits what keeps rseq from this process (a seccomp filter,
+    // valgrind), so it is asked only where this process has it.
+    if (rseq_here) {
+      measure_in_child(opts, kStructuresChild, library, &rows, &structure_row::with_rseq);
+    } else {
+      mark_unavailable(&rows, &structure_row::with_rseq, library, no_rseq);
+    }
+    measure_in_child(opts, kStructuresDenyChild, library, &rows, &structure_row::without_rseq);
+  }
   return rows;
 }
 
 int run_structures_child(const options& opts) {
-  if (opts.child_row == kStructuresDenyChild) {
+  const std::size_t at = opts.child_row.find(kMallocLibrarySeparator);
+  const std::string row = opts.child_row.substr(0, at);
+  const std::string library = at == std::string::npos ? "" : opts.child_row.substr(at + 1);
+  if (row == kStructuresDenyChild) {
     // The filter must be in place before glibc starts, which decides at
     // start-up whether to register rseq: so it is installed here and the
     // binary runs again, fresh, under it.
@@ -440,7 +606,7 @@ int run_structures_child(const options& opts) {
     }
     std::vector<std::string> args = opts.argv;
     for (std::string& a : args) {
-      if (a == kStructuresDenyChild) a = kStructuresChild;
+      if (a == opts.child_row) a = kStructuresChild + opts.child_row.substr(row.size());
     }
     const std::string self = self_path();
     std::vector<char*> argv;
@@ -451,9 +617,14 @@ int run_structures_child(const options& opts) {
     return 1;
   }
   std::vector<structure_row> rows = empty_rows();
-  measure_here(opts, &rows, &structure_row::without_rseq);
-  std::printf("backend %s\n", to_string(backend()));
+  const char* const only = library.empty() ? nullptr : library.c_str();
+  const std::string from = malloc_file();
+  std::printf("backend %s malloc %s\n", to_string(backend()), from.c_str());
+  // LD_PRELOAD did not load it: the parent says so instead of a figure.
+  if (only != nullptr && !file_is_library(from, library)) return 0;
+  measure_here(opts, &rows, &structure_row::without_rseq, only);
   for (const structure_row& row : rows) {
+    if (!of_library(row, only)) continue;
     const structure_mode& m = row.without_rseq;
     for (const structure_side* side : {&m.percpu, &m.alternative}) {
       std::printf("side %s %d %s %" PRIu64, row.kind->name, row.threads,

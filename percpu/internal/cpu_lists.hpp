@@ -113,6 +113,12 @@ class cpu_lists {
   bool on_own_list(Exclusive&& exclusive) noexcept;
   template <class Exclusive>
   __attribute__((noinline)) bool on_hint_cpu_list(Exclusive&& exclusive) noexcept;
+  // Step 1 for work one section cannot do: `exclusive(&head)` on the list
+  // of the CPU the thread runs on, locked from a section (cpu_slots.hpp,
+  // lock_local_slot: no fence). False when it could not be locked now
+  // (`exclusive` did not run), or when `exclusive` said so.
+  template <class Exclusive>
+  bool on_local_cpu_list(rseq_area* area, Exclusive&& exclusive) noexcept;
 
   // The ladder's pop: a node from the caller's list (its CPU's, or for a
   // thread without rseq its own or its hint CPU's), 0 when none is there or
@@ -221,6 +227,16 @@ bool cpu_lists::on_hint_cpu_list(Exclusive&& exclusive) noexcept {
   return false;
 }
 
+template <class Exclusive>
+bool cpu_lists::on_local_cpu_list(rseq_area* area, Exclusive&& exclusive) noexcept {
+  int cpu = 0;
+  std::intptr_t head = 0;
+  if (lock_local_slot(area, slots_, count_, &cpu, &head) != lock_result::acquired) return false;
+  const bool done = exclusive(&head);
+  unlock_slot(slot_of(cpu), head);
+  return done;
+}
+
 // The exclusive step of a pop, on a list the caller holds.
 [[nodiscard]] inline bool pop_held(std::intptr_t* head, std::intptr_t* popped) noexcept {
   if (*head == 0) return false;
@@ -231,10 +247,13 @@ bool cpu_lists::on_hint_cpu_list(Exclusive&& exclusive) noexcept {
 
 inline std::intptr_t cpu_lists::pop_home(rseq_area* area) noexcept {
   std::intptr_t popped = 0;
-  at_home(
+  // Only a step that says it popped has: a pop section that aborted after
+  // reading the head (it stores it to `popped` before its commit) and then
+  // failed leaves there a node that is still on the list.
+  const bool done = at_home(
       area, [&](rseq_area* a) { return pop_local_head(a, slots_, count_, 0, &popped); },
       [&](std::intptr_t* head) { return pop_held(head, &popped); });
-  return popped;
+  return done ? popped : 0;
 }
 
 inline std::intptr_t cpu_lists::pop_own() noexcept {

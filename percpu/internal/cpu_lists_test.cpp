@@ -12,6 +12,8 @@
 #include "percpu/internal/cpu_lists.hpp"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -433,6 +435,77 @@ TEST(CpuListsTest, AThreadSentToTheLockedPathNeverCommitsAStartedSection) {
   }
   ASSERT_TRUE(popped_back);
   EXPECT_EQ(popped, word(&n));
+}
+
+// A pop section that aborts after it read the head (the x86-64 and aarch64
+// pops store it to *load before their commit) and whose retry then finds
+// the list locked did not pop: pop_home() must hand back nothing, since the
+// node is still on the list, now the locker's. The abort comes exactly
+// there: the node sits on a PROT_NONE page, so the section's load of its
+// link faults, and the SIGSEGV's delivery aborts the section; the handler
+// opens the page and locks the slot, as a remote locker whose fence aborted
+// the section would.
+cpu_lists* g_probe_lists = nullptr;
+char* g_probe_page = nullptr;
+long g_probe_page_size = 0;
+int g_probe_cpu = -1;
+std::intptr_t g_probe_taken = 0;
+volatile sig_atomic_t g_probe_faults = 0;
+volatile sig_atomic_t g_probe_locked = 0;
+
+void on_probe_fault(int, siginfo_t* info, void*) {
+  char* at = static_cast<char*>(info->si_addr);
+  if (at < g_probe_page || at >= g_probe_page + g_probe_page_size) {
+    signal(SIGSEGV, SIG_DFL);  // not the probe's: fault again, and die of it
+    return;
+  }
+  g_probe_faults = g_probe_faults + 1;
+  mprotect(g_probe_page, g_probe_page_size, PROT_READ | PROT_WRITE);
+  g_probe_locked = lock_slot(g_probe_lists->slot_of(g_probe_cpu), g_probe_cpu, &g_probe_taken) ==
+                   lock_result::acquired;
+}
+
+TEST(CpuListsTest, APopSectionAbortedAfterItReadTheHeadPopsNothing) {
+  if (sections_status() != sections::on) GTEST_SKIP() << "no sections in this mode";
+  if (fence_missing()) GTEST_SKIP() << "no fence: nobody may lock an owner's list";
+  const std::vector<int> cpus = stress::test_cpus(1);
+  ASSERT_FALSE(cpus.empty());
+  const stress::affinity_guard restore;
+  ASSERT_TRUE(stress::restrict_to({cpus[0]}));
+  cpu_lists lists;
+  rseq_area* area = section_area();
+  ASSERT_NE(area, nullptr);
+  g_probe_page_size = sysconf(_SC_PAGESIZE);
+  void* mem = mmap(nullptr, static_cast<std::size_t>(g_probe_page_size), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  g_probe_page = static_cast<char*>(mem);
+  node* n = static_cast<node*>(mem);
+  n->next = nullptr;
+  n->id = 1;
+  ASSERT_TRUE(lists.push_home(area, word(n), word(n)));
+  g_probe_cpu = cpus[0] % lists.count();
+  ASSERT_EQ(lists.head_of(g_probe_cpu), word(n));
+  g_probe_lists = &lists;
+  g_probe_faults = 0;
+  g_probe_locked = 0;
+  g_probe_taken = 0;
+  struct sigaction action = {};
+  struct sigaction saved = {};
+  action.sa_sigaction = on_probe_fault;
+  action.sa_flags = SA_SIGINFO;
+  sigemptyset(&action.sa_mask);
+  ASSERT_EQ(sigaction(SIGSEGV, &action, &saved), 0);
+  ASSERT_EQ(mprotect(mem, static_cast<std::size_t>(g_probe_page_size), PROT_NONE), 0);
+  const std::intptr_t popped = lists.pop_home(area);
+  sigaction(SIGSEGV, &saved, nullptr);
+  mprotect(mem, static_cast<std::size_t>(g_probe_page_size), PROT_READ | PROT_WRITE);
+  EXPECT_EQ(g_probe_faults, 1) << "the section's load of the link did not fault once";
+  ASSERT_TRUE(g_probe_locked) << "the handler could not lock the slot";
+  EXPECT_EQ(g_probe_taken, word(n)) << "the locker took the list with the node on it";
+  EXPECT_EQ(popped, 0) << "pop_home() handed back the node the locker holds";
+  unlock_slot(lists.slot_of(g_probe_cpu), 0);
+  munmap(mem, static_cast<std::size_t>(g_probe_page_size));
 }
 
 // The lockers' Dekker without a mark by the thread (registration.hpp,

@@ -43,6 +43,9 @@
 //      dependency, so they see the nodes the locker wrote.
 //   If rseq sections may run and membarrier with the RSEQ command is not
 //   available, lock_slot refuses before step 2: remote access would be unsafe.
+//   A thread on the slot's own CPU needs neither step 2's exchange nor the
+//   fence: lock_local_slot stores kSlotLocked from one of that CPU's owner
+//   sections, after step 1.
 //
 // Section users (the Dekker count that lets fallback threads skip the fence)
 //   Before any owner section can commit, the process's section users count
@@ -409,6 +412,44 @@ template <class Node>
     if (rc == 1) return false;  // locked by a non-owner
   }
   return false;
+}
+
+// Locks the slot of the CPU `area`'s thread runs on from one of that CPU's
+// owner sections, for work one section cannot do (a spill that cuts a
+// batch): the section stores kSlotLocked over the head it read, so no fence
+// is needed. Every other owner section of this CPU that read the head
+// before was preempted by this thread and restarts; owner sections of
+// other CPUs never commit to this slot (they compare cpu_id). The flag is
+// taken first, as lock_slot's step 1, so that only its holder writes
+// kSlotLocked here, and a fork handler waits for it as for any locker. On
+// acquired, *cpu is the CPU and *value the list's head: unlock_slot(that
+// CPU's slot, the new head) ends it. Busy when another thread holds the
+// slot, a fork is under way, or the section kept failing (aborts, owners
+// committing in between, the thread moved off the CPU whose flag it took);
+// refused when the CPU has no slot.
+[[nodiscard]] inline lock_result lock_local_slot(rseq_area* area, cpu_slot_words* slots,
+                                                 int slot_count, int* cpu,
+                                                 std::intptr_t* value) noexcept {
+  const int c = rseq_current_index<index_kind::cpu_id>(area);
+  if (static_cast<unsigned>(c) >= static_cast<unsigned>(slot_count)) return lock_result::refused;
+  cpu_slot_words* slot = stride_copy(slots, static_cast<unsigned>(c));
+  if (!try_take_flag(&slot->locker)) return lock_result::busy;
+  if (fork_holds_flags()) {  // as in lock_slot: the handler may have read the flag free
+    release_flag(&slot->locker);
+    return lock_result::busy;
+  }
+  for (int tries = 0; tries < kSectionTries; ++tries) {
+    // Never kSlotLocked: only the flag's holder writes it, this thread.
+    const std::intptr_t head = __atomic_load_n(&slot->head, __ATOMIC_RELAXED);
+    if (rseq_cmpeqv_storev<index_kind::cpu_id>(area, &slot->head, head, kSlotLocked, c) == 0) {
+      *cpu = c;
+      *value = head;
+      return lock_result::acquired;
+    }
+    if (rseq_current_index<index_kind::cpu_id>(area) != c) break;  // moved: it cannot commit
+  }
+  release_flag(&slot->locker);
+  return lock_result::busy;
 }
 
 // ---- The started form (the lists' hot paths) -------------------------------

@@ -60,5 +60,14 @@ inline int cpu_hint() noexcept {
   return cpu_hint_slow();
 }
 
+// cpu_hint() as an index into `count` slots: the slot of a recent CPU of
+// the thread, for the atomic words that threads without a section share.
+// The hint is below max_cpus() already; the fold keeps a caller whose
+// count is smaller in range too.
+inline unsigned cpu_hint_index(unsigned count) noexcept {
+  const unsigned cpu = static_cast<unsigned>(cpu_hint());
+  return cpu < count ? cpu : cpu % count;
+}
+
 }  // namespace internal
 }  // namespace percpu

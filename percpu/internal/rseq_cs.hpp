@@ -112,7 +112,8 @@
 //       section rejects is never accessed.
 //   Only cpu_id indexes these sections; mm_cid has no start field.
 //
-//   The concurrency-id form (cid_counter::add): start_cid_section() loads
+//   The concurrency-id form (cid_counter::add, cid_per_cpu's add and
+//   compare-and-store): start_cid_section() loads
 //   the sections' area and the word g_fast_path.concurrency_id names (the
 //   area's mm_cid, or its cpu_id where the kernel keeps none, decided once
 //   at start-up). rseq_addv_cid_started reads the id from that word inside
@@ -123,6 +124,9 @@
 //   against the concurrency limit (concurrency_limit.hpp) before it makes
 //   the copy's address, leaving with 1 for the caller's slow path when the
 //   id is not below it; so every copy it touches exists and readers walk it.
+//   rseq_cmpeqv_storev_cid_started is the compare-and-store in the same
+//   frame: 1 when the copy holds another value, 2 when the id is not below
+//   the limit.
 //
 //   The lists' hot paths (free_list push and pop, object_pool allocate) are
 //   started the same way, with one test before the section, of the started

@@ -369,6 +369,95 @@ beyond:
   return 1;
 }
 
+// rseq_cmpeqv_storev_cid_started: compare-and-store, at the copy of the
+// thread's concurrency id (per_cpu by concurrency id).
+//
+//   pseudo-code:   if (area->cpu_id < 0) return -1;
+//                  id = *cid_at;
+//                  if (id >= limit) return 2;
+//                  p = (intptr_t*)((char*)base + (id << kStrideShift));
+//                  if (*p != expect) return 1;
+//                  *p = newv;                       <- commit
+//                  return 0;
+//   operands:      start.area -> %[area], start.cid_at -> %[cid_at], base ->
+//                  %[base], limit -> %w[limit], expect -> %[expect], newv ->
+//                  %[newv], x9 the descriptor address, then cpu_id and the
+//                  id (w9), x10 the copy's address, x11 its value, w12 the
+//                  seams' scratch
+//   labels:        start 1, commit "str %[newv], [x10]", post-commit 2,
+//                  abort 4 -> C label abort (-1), exits cmpfail (1) and
+//                  beyond (2)
+inline int rseq_cmpeqv_storev_cid_started(cid_start start, std::intptr_t* base,
+                                          std::uint32_t limit, std::intptr_t expect,
+                                          std::intptr_t newv) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[cmpfail]\n\t"
+      ".quad 1f, %l[beyond]\n\t"
+      ".popsection\n\t"
+      "adrp x9, 3b\n\t"
+      "add x9, x9, :lo12:3b\n\t"
+      "str x9, [%[area], %c[cs_offset]]\n\t"
+      "1:\n\t"
+      "ldr w9, [%[area], %c[cpu_offset]]\n\t"
+      "tbnz w9, #31, %l[abort]\n\t"
+      "ldr w9, [%[cid_at]]\n\t"
+      "cmp w9, %w[limit]\n\t"
+      "b.hs %l[beyond]\n\t"
+      "add x10, %[base], x9, lsl %c[shift]\n\t"
+      "ldr x11, [x10]\n\t"
+      "cmp x11, %[expect]\n\t"
+      "b.ne %l[cmpfail]\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "mov w12, %w[delay]\n\t"
+      "5:\n\t"
+      "cbz w12, 6f\n\t"
+      "sub w12, w12, #1\n\t"
+      "b 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "ldr w12, [%[cid_at]]\n\t"
+      "cmp w12, w9\n\t"
+      "b.eq 7f\n\t"
+      "brk #0x7\n\t"
+      "7:\n\t"
+#endif
+      "str %[newv], [x10]\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
+      ".inst " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "b %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(start.area), [cid_at] "r"(start.cid_at), [base] "r"(base),
+        [limit] "r"(limit), [expect] "r"(expect), [newv] "r"(newv),
+        [cs_offset] "i"(kRseqCsOffset), [cpu_offset] "i"(kCpuIdOffset), [shift] "i"(kStrideShift)
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "x9", "x10", "x11", "x12"
+      : abort, cmpfail, beyond);
+  return 0;
+abort:
+  return -1;
+cmpfail:
+  return 1;
+beyond:
+  return 2;
+}
+
 // rseq_cmpeqv_trystorev_storev: compare, then a speculative store and the
 // committing store (e.g. push: node->next = head speculatively, head = node).
 //

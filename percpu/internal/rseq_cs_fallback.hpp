@@ -92,5 +92,10 @@ inline int rseq_addv_cid_started(cid_start, std::intptr_t*, std::uint32_t, std::
   return -1;
 }
 
+inline int rseq_cmpeqv_storev_cid_started(cid_start, std::intptr_t*, std::uint32_t, std::intptr_t,
+                                          std::intptr_t) noexcept {
+  return -1;
+}
+
 }  // namespace internal
 }  // namespace percpu

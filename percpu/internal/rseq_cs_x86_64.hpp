@@ -648,6 +648,95 @@ beyond:
   return 1;
 }
 
+// rseq_cmpeqv_storev_cid_started: compare-and-store, at the copy of the
+// thread's concurrency id (per_cpu by concurrency id).
+//
+//   pseudo-code:   if (area->cpu_id < 0) return -1;
+//                  id = *cid_at;
+//                  if (id >= limit) return 2;
+//                  p = (intptr_t*)((char*)base + (id << kStrideShift));
+//                  if (*p != expect) return 1;
+//                  *p = newv;                       <- commit
+//                  return 0;
+//   operands:      start.area -> %[area] and start.cid_at -> %[cid_at]
+//                  (offsets: %fs-relative), base -> %[base], limit ->
+//                  %k[limit], expect -> %[expect], newv -> %[newv], %rax the
+//                  descriptor address, then the id and its copy's offset
+//   labels:        start 1, commit "movq %[newv], (%[base],%%rax)",
+//                  post-commit 2, abort 4 -> C label abort (-1), exits
+//                  cmpfail (1) and beyond (2)
+inline int rseq_cmpeqv_storev_cid_started(cid_start start, std::intptr_t* base,
+                                          std::uint32_t limit, std::intptr_t expect,
+                                          std::intptr_t newv) noexcept {
+  asm goto(
+      ".pushsection __rseq_cs, \"aw?\"\n\t"
+      ".balign 32\n\t"
+      "3:\n\t"
+      ".long 0x0, 0x0\n\t"
+      ".quad 1f, 2f - 1f, 4f\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_cs_ptr_array, \"aw?\"\n\t"
+      ".quad 3b\n\t"
+      ".popsection\n\t"
+      ".pushsection __rseq_exit_point_array, \"aw?\"\n\t"
+      ".quad 1f, %l[abort]\n\t"
+      ".quad 1f, %l[cmpfail]\n\t"
+      ".quad 1f, %l[beyond]\n\t"
+      ".popsection\n\t"
+      "leaq 3b(%%rip), %%rax\n\t"
+      "movq %%rax, %%fs:%c[cs_offset](%[area])\n\t"
+      "1:\n\t"
+      "cmpl $0, %%fs:%c[cpu_offset](%[area])\n\t"
+      "jl %l[abort]\n\t"
+      "movl %%fs:(%[cid_at]), %%eax\n\t"
+      "cmpl %k[limit], %%eax\n\t"
+      "jae %l[beyond]\n\t"
+      "shlq %[shift], %%rax\n\t"
+      "cmpq %[expect], (%[base],%%rax)\n\t"
+      "jne %l[cmpfail]\n\t"
+#if defined(PERCPU_INJECT_DELAYS)
+      "movl %[delay], %%ecx\n\t"
+      "5:\n\t"
+      "testl %%ecx, %%ecx\n\t"
+      "jz 6f\n\t"
+      "decl %%ecx\n\t"
+      "jmp 5b\n\t"
+      "6:\n\t"
+#endif
+#if defined(PERCPU_COMPARE_TWICE)
+      "movl %%fs:(%[cid_at]), %%ecx\n\t"
+      "shlq %[shift], %%rcx\n\t"
+      "cmpq %%rcx, %%rax\n\t"
+      "je 7f\n\t"
+      "ud2\n\t"
+      "7:\n\t"
+#endif
+      "movq %[newv], (%[base],%%rax)\n\t"
+      "2:\n\t"
+      ".pushsection __rseq_failure, \"ax?\"\n\t"
+      ".byte 0x0f, 0xb9, 0x3d\n\t"
+      ".long " PERCPU_RSEQ_SIG_STRING "\n\t"
+      "4:\n\t"
+      "jmp %l[abort]\n\t"
+      ".popsection\n\t"
+      :
+      : [area] "r"(start.area), [cid_at] "r"(start.cid_at), [base] "r"(base),
+        [limit] "r"(limit), [expect] "r"(expect), [newv] "r"(newv),
+        [cs_offset] "i"(kRseqCsOffset), [cpu_offset] "i"(kCpuIdOffset), [shift] "J"(kStrideShift)
+#if defined(PERCPU_INJECT_DELAYS)
+        , [delay] "r"(inject_delay_loops())
+#endif
+      : "memory", "cc", "rax", "rcx"
+      : abort, cmpfail, beyond);
+  return 0;
+abort:
+  return -1;
+cmpfail:
+  return 1;
+beyond:
+  return 2;
+}
+
 // rseq_cmpeqv_trystorev_storev: compare, then a speculative store and the
 // committing store (e.g. push: node->next = head speculatively, head = node).
 //

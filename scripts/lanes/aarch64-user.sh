@@ -42,7 +42,7 @@ EXEC_GTEST_EXCLUDE=(CpuExec.WorksAfterExec 'ForcedBackend.*' '*DeathTest.*' 'Hid
                     'HiddenSys.AListThatMissesCpusLeavesIdsInRangeWhenTheMaskWidens'
                     'HiddenSys.ListsPoolsAndCountersCostAsMuchWithFourThousandPossibleCpusAsWithTwo'
                     'CpuListsTest.SectionUsersAreCountedBeforeAStartedSectionCommits'
-                    'CidCounterTest.WithFourThousandPossibleCpus')
+                    'CidCounterTest.WithFourThousandPossibleCpus' 'CidPerCpuTest.WithFourThousandPossibleCpus')
 # gtest cases that qemu-user 7.2 itself cannot run (fork, then threads in the child).
 QEMU_GTEST_EXCLUDE=('*.ForkDuringHeavyUse' 'SharedMutexStressTest.ForkWhile*')
 # gtest cases that install a seccomp filter themselves (left out when qemu-user
