@@ -556,13 +556,9 @@ lock_result lock_slot(cpu_slot_words* slot, int cpu, std::intptr_t* value) noexc
   // a first registration (a slow system call) never runs under it. Users
   // that appear after this check are caught after the exchange below.
   if (section_users_possible() && !fence_available()) return lock_result::refused;
-  if (!try_take(&slot->locker)) return lock_result::busy;
-  // A fork handler that began meanwhile may have read the flag free before
-  // the exchange: leave before touching the head (wait_for_slot_lockers).
-  if (fork_holds_flags()) {
-    release(&slot->locker);
-    return lock_result::busy;
-  }
+  // A fork handler's hold makes it busy before the exchange touches the
+  // head (wait_for_slot_lockers).
+  if (!try_take_locker_flag(&slot->locker)) return lock_result::busy;
   for (int round = 0; round < kFenceRounds; ++round) {
     const std::intptr_t taken = __atomic_exchange_n(&slot->head, kSlotLocked, __ATOMIC_SEQ_CST);
     if (!section_users_possible()) {

@@ -362,6 +362,18 @@ void exempt_from_fork_pending(bool on) noexcept;
 // consistent: a thread that took a flag, then finds this false, is seen
 // holding it by a fork handler that reads the flag after begin_fork_flags.
 [[nodiscard]] bool fork_holds_flags() noexcept;
+// One attempt at a locker's flag, as every locker takes it: try_take_flag,
+// then, when a fork handler's hold applies (one that began meanwhile may
+// have read the flag free), the flag given back before the caller touches
+// what it guards. True when the caller holds the flag.
+[[nodiscard]] inline bool try_take_locker_flag(int* flag) noexcept {
+  if (!try_take_flag(flag)) return false;
+  if (fork_holds_flags()) {
+    release_flag(flag);
+    return false;
+  }
+  return true;
+}
 // In the child after fork: a flag held by a thread that does not exist
 // there is freed; one the forking thread's own frames hold gets its new
 // id; free and abandoned flags stay. Writes only a flag that changes.
@@ -433,11 +445,7 @@ template <class Node>
   const int c = rseq_current_index<index_kind::cpu_id>(area);
   if (static_cast<unsigned>(c) >= static_cast<unsigned>(slot_count)) return lock_result::refused;
   cpu_slot_words* slot = stride_copy(slots, static_cast<unsigned>(c));
-  if (!try_take_flag(&slot->locker)) return lock_result::busy;
-  if (fork_holds_flags()) {  // as in lock_slot: the handler may have read the flag free
-    release_flag(&slot->locker);
-    return lock_result::busy;
-  }
+  if (!try_take_locker_flag(&slot->locker)) return lock_result::busy;
   for (int tries = 0; tries < kSectionTries; ++tries) {
     // Never kSlotLocked: only the flag's holder writes it, this thread.
     const std::intptr_t head = __atomic_load_n(&slot->head, __ATOMIC_RELAXED);

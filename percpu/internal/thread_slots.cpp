@@ -164,13 +164,9 @@ void delete_thread_group_copies(void* copy0) noexcept {
 }
 
 lock_result lock_thread_slot(thread_slot* slot) noexcept {
-  if (!try_take_flag(&slot->locker)) return lock_result::busy;
-  // A fork handler that began meanwhile may have read the flag free before
-  // the exchange: leave before touching anything (see "Fork").
-  if (fork_holds_flags()) {
-    release_flag(&slot->locker);
-    return lock_result::busy;
-  }
+  // A fork handler's hold makes it busy before anything is touched (see
+  // "Fork").
+  if (!try_take_locker_flag(&slot->locker)) return lock_result::busy;
   __atomic_store_n(&slot->revoked, 1, __ATOMIC_SEQ_CST);
   if (!barrier_all()) {
     __atomic_store_n(&slot->revoked, 0, __ATOMIC_RELEASE);
