@@ -1092,23 +1092,12 @@ TEST(CidCounterWideTest, ReadersWalkOnlyTheIdsUsed) {
   // the limit must be raised to before the add there (the first add, which
   // takes the slots, raises it only to its own thread's id).
   const std::vector<int> cpus = stress::test_cpus(2);
-  {
-    std::atomic<int> ready{0};
-    std::vector<std::thread> threads;
-    for (int t = 0; t < 2; ++t) {
-      threads.emplace_back([&, t] {
-        stress::restrict_to({cpus[static_cast<std::size_t>(t) % cpus.size()]});
-        ready.fetch_add(1);
-        while (ready.load() < 2) {
-        }
-        for (int i = 0; i < 100000; ++i) {
-          by_id.add(1);
-          by_cpu.add(1);
-        }
-      });
+  test::run_on_two_cpus_at_once(cpus, [&] {
+    for (int i = 0; i < 100000; ++i) {
+      by_id.add(1);
+      by_cpu.add(1);
     }
-    for (std::thread& t : threads) t.join();
-  }
+  });
   EXPECT_EQ(by_id.load(), 200000);
   EXPECT_EQ(by_cpu.load(), 200000);
   // Concurrency ids and CPUs are both below the kernel's real bound, so the

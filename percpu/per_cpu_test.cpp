@@ -637,21 +637,7 @@ TEST(CidPerCpuWideTest, ReadersWalkOnlyTheIdsUsed) {
     by_cpu.add(&stats::bytes, 1);
   }
   std::atomic<long> stored{0};
-  auto on_two_cpus = [&](auto&& body) {
-    std::atomic<int> ready{0};
-    std::vector<std::thread> threads;
-    for (int t = 0; t < 2; ++t) {
-      threads.emplace_back([&, t] {
-        stress::restrict_to({cpus[static_cast<std::size_t>(t) % cpus.size()]});
-        ready.fetch_add(1);
-        while (ready.load() < 2) {
-        }
-        body();
-      });
-    }
-    for (std::thread& t : threads) t.join();
-  };
-  on_two_cpus([&] {
+  test::run_on_two_cpus_at_once(cpus, [&] {
     for (int i = 0; i < 100000; ++i) {
       by_id.add(&stats::requests, 1);
       by_cpu.add(&stats::requests, 1);
@@ -659,7 +645,7 @@ TEST(CidPerCpuWideTest, ReadersWalkOnlyTheIdsUsed) {
   });
   EXPECT_EQ(by_id.sum(&stats::requests), 200000) << "an add at a new high id is not in the sum";
   EXPECT_EQ(by_cpu.sum(&stats::requests), 200000);
-  on_two_cpus([&] {
+  test::run_on_two_cpus_at_once(cpus, [&] {
     long mine = 0;
     for (int i = 0; i < 100000; ++i) {
       const std::intptr_t seen = by_id.load(&stats::last);

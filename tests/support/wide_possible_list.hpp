@@ -11,10 +11,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "tests/stress/stress.hpp"
 
 namespace percpu {
 namespace test {
@@ -39,6 +43,25 @@ inline std::vector<std::string> started_command_line() {
   }
   std::fclose(file);
   return args;
+}
+
+// Two threads, each restricted to a CPU of its own (cpus[0] and cpus[1],
+// or cpus[0] twice where there is one), run `body` from the same moment:
+// in a wide run, two concurrency ids held at once, one of them a new high.
+template <typename Body>
+void run_on_two_cpus_at_once(const std::vector<int>& cpus, Body body) {
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      stress::restrict_to({cpus[static_cast<std::size_t>(t) % cpus.size()]});
+      ready.fetch_add(1);
+      while (ready.load() < 2) {
+      }
+      body();
+    });
+  }
+  for (std::thread& t : threads) t.join();
 }
 
 // Runs the binary again with `filter` (a whole --gtest_filter=... argument)
