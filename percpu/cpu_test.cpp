@@ -578,58 +578,89 @@ TEST(CpuErrno, UnchangedBySuccessfulCalls) {
   EXPECT_EQ(errno, 777);
 }
 
+// The probes below compare percpu's answer with the kernel's before main.
+// Two reads bracketing it cannot tell a wrong answer from a migration: the
+// thread may go from CPU a to b and back to a between them (seen in CI under
+// qemu-user on a loaded 2-CPU host, where the first call's set-up is long).
+// So each comparison is made pinned, where no migration can fall between
+// the reads, on every allowed CPU in turn, and the old mask is restored.
+// No allocation: it also runs from .preinit_array.
+struct pinned_agreement {
+  int cpus_checked = 0;
+  int wrong_on = -1, wrong_answer = -1;  // the first disagreement, if any
+};
+template <typename Read>
+pinned_agreement agree_pinned(Read read) {
+  pinned_agreement result;
+  cpu_set_t old;
+  CPU_ZERO(&old);
+  if (sched_getaffinity(0, sizeof(old), &old) != 0) return result;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &old)) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(c, &one);
+    // The kernel moves the thread before this returns when c is not the
+    // CPU it runs on.
+    if (sched_setaffinity(0, sizeof(one), &one) != 0) continue;
+    unsigned kernel = 0;
+    internal::raw_syscall_getcpu(&kernel, nullptr);
+    const int seen = read();
+    ++result.cpus_checked;
+    if (seen != static_cast<int>(kernel) && result.wrong_on < 0) {
+      result.wrong_on = static_cast<int>(kernel);
+      result.wrong_answer = seen;
+    }
+  }
+  sched_setaffinity(0, sizeof(old), &old);
+  return result;
+}
+
+void expect_agreement(const pinned_agreement& a, const char* what) {
+  EXPECT_GT(a.cpus_checked, 0) << what << ": could not pin to any allowed CPU";
+  EXPECT_EQ(a.wrong_on, -1) << what << " answered " << a.wrong_answer << " pinned to CPU "
+                            << a.wrong_on;
+}
+
 // A static constructor in another translation unit runs after percpu's
 // (priority 101) and may already use it.
 struct static_probe {
-  int cpu_before = -1, cpu_seen = -1, cpu_after = -1;
+  pinned_agreement cpu_id_agrees;
   static_probe() {
-    unsigned a = 0, b = 0;
-    internal::raw_syscall_getcpu(&a, nullptr);
-    cpu_seen = cpu_id();
-    internal::raw_syscall_getcpu(&b, nullptr);
-    cpu_before = static_cast<int>(a);
-    cpu_after = static_cast<int>(b);
+    cpu_id_agrees = agree_pinned([] { return cpu_id(); });
   }
 };
 static_probe g_static_probe;
 
 // Runs from .preinit_array: before every constructor, percpu's included.
-// Only the out-of-line C API promises to work this early.
+// Only the out-of-line C API promises to work this early. The first calls
+// set percpu up, unpinned, as a program's would; then both must agree with
+// the kernel on every CPU.
 struct preinit_probe {
-  int kernel_before = -1, seen_sched_getcpu = -1, seen_cpu_id = -1, kernel_after = -1;
+  int first_sched_getcpu = -1, first_cpu_id = -1;
+  pinned_agreement sched_getcpu_agrees, cpu_id_agrees;
 };
 preinit_probe g_preinit;
 void run_preinit_probe(int, char**, char**) {
-  unsigned a = 0, b = 0;
-  internal::raw_syscall_getcpu(&a, nullptr);
-  g_preinit.seen_sched_getcpu = percpu_sched_getcpu();
-  g_preinit.seen_cpu_id = percpu_cpu_id();
-  internal::raw_syscall_getcpu(&b, nullptr);
-  g_preinit.kernel_before = static_cast<int>(a);
-  g_preinit.kernel_after = static_cast<int>(b);
+  g_preinit.first_sched_getcpu = percpu_sched_getcpu();
+  g_preinit.first_cpu_id = percpu_cpu_id();
+  g_preinit.sched_getcpu_agrees = agree_pinned([] { return percpu_sched_getcpu(); });
+  g_preinit.cpu_id_agrees = agree_pinned([] { return percpu_cpu_id(); });
 }
 __attribute__((section(".preinit_array"),
                used)) void (*const g_preinit_entry)(int, char**, char**) = run_preinit_probe;
 
 TEST(CpuStatic, CApiWorksBeforeAnyConstructor) {
-  ASSERT_GE(g_preinit.kernel_before, 0);
-  if (g_preinit.kernel_before == g_preinit.kernel_after) {
-    EXPECT_EQ(g_preinit.seen_sched_getcpu, g_preinit.kernel_before);
-    EXPECT_EQ(g_preinit.seen_cpu_id, g_preinit.kernel_before);
-  }
-  EXPECT_GE(g_preinit.seen_sched_getcpu, 0);
-  EXPECT_LT(g_preinit.seen_cpu_id, max_cpus());
+  EXPECT_GE(g_preinit.first_sched_getcpu, 0);
+  EXPECT_LT(g_preinit.first_sched_getcpu, max_cpus());
+  EXPECT_GE(g_preinit.first_cpu_id, 0);
+  EXPECT_LT(g_preinit.first_cpu_id, max_cpus());
+  expect_agreement(g_preinit.sched_getcpu_agrees, "percpu_sched_getcpu() before constructors");
+  expect_agreement(g_preinit.cpu_id_agrees, "percpu_cpu_id() before constructors");
 }
 
 TEST(CpuStatic, WorksInStaticConstructorsBeforeMain) {
-  // A migration between the three reads can make them differ; only then may
-  // cpu_id() differ from both.
-  if (g_static_probe.cpu_before == g_static_probe.cpu_after) {
-    EXPECT_EQ(g_static_probe.cpu_seen, g_static_probe.cpu_before);
-  } else {
-    EXPECT_TRUE(g_static_probe.cpu_seen == g_static_probe.cpu_before ||
-                g_static_probe.cpu_seen == g_static_probe.cpu_after);
-  }
+  expect_agreement(g_static_probe.cpu_id_agrees, "cpu_id() in a static constructor");
 }
 
 TEST(CpuExec, WorksAfterExec) {

@@ -231,7 +231,7 @@ done
 # failures, the VM lanes' FAILED lines, compiler errors, timeouts, killed
 # mutants that survived), at most 40 per lane.
 why_failed() {  # lane
-  grep -E 'FAILED|\*\*\*Failed|\*\*\*Timeout|\*\*\*Exception|Failed +[0-9.]+ sec|error:|SURVIVED|survived|no summary|did not finish|qemu_exit [1-9]| - .* \((Failed|Timeout|SEGFAULT|Subprocess aborted|Child aborted|Exception|Not Run)\)$' \
+  grep -E 'FAILED|\*\*\*Failed|\*\*\*Timeout|\*\*\*Exception|Failed +[0-9.]+ sec|error:|SURVIVED|survived|no summary|did not finish|did not reach init|qemu_exit [1-9]| - .* \((Failed|Timeout|SEGFAULT|Subprocess aborted|Child aborted|Exception|Not Run)\)$' \
     "$root/build/lanes/$1.lane.log" | grep -vE '^=== lane |, 0 failed' | tail -n 40
 }
 for lane in "${failed_lanes[@]}"; do

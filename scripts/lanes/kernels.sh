@@ -210,9 +210,19 @@ boot() {  # arch suite
   local arch=$1 suite=$2 runs=runs-static extra="" log=$LOGS/$1-$2.log
   contains "$suite" "${DYNAMIC_SUITES[@]}" && runs=runs-full
   [[ $suite == "$DEBUG_SUITE" ]] && extra="rseq_debug=1"
-  local start=$(date +%s) rc=0
-  vm_boot "$arch" "${KERNEL[$arch-$suite]}" "$BUILD/$arch.cpio.gz" 1200 $extra -- "/lane/$runs" >"$log" || rc=$?
-  echo "qemu_exit $rc" >>"$log"
+  local start=$(date +%s) rc=0 attempt
+  for attempt in 1 2; do
+    rc=0
+    vm_boot "$arch" "${KERNEL[$arch-$suite]}" "$BUILD/$arch.cpio.gz" 1200 $extra -- "/lane/$runs" >"$log" || rc=$?
+    echo "qemu_exit $rc" >>"$log"
+    # A VM that never reached init ran none of the tests (CI once saw one
+    # end after 4 s, and could not say why). Boot it once more, and print
+    # the first boot's last lines at the end of the lane; a second boot that
+    # fails the same way fails the lane.
+    grep -q "^$LANE: kernel " "$log" && break
+    say "$arch $suite: the VM did not reach init (boot $attempt, qemu exit $rc after $(($(date +%s) - start))s)"
+    if ((attempt == 1)); then cp "$log" "$LOGS/$arch-$suite.boot1.txt"; fi
+  done
   say "$arch $suite ($(cat "$(dirname "${KERNEL[$arch-$suite]}")/package")): $(grep -m1 -E "^$LANE: [0-9]+ passed" "$log" | sed "s/^$LANE: //" || echo 'no summary') in $(($(date +%s) - start))s${extra:+ ($extra)}"
 }
 vm_start=$(date +%s)
@@ -244,6 +254,10 @@ python3 "$REPO/scripts/lanes/vm/report.py" --tag "$LANE" --commit "$commit${dirt
 # failure seen once can be read without the VM logs.
 if ((status != 0)); then
   for log in "$LOGS"/*.log; do
+    # A log without its summary line: the VM's last words.
+    if ! grep -qE "^$LANE: [0-9]+ passed" "$log"; then
+      tail -n 15 "$log" | sed "s/^/[$LANE] FAILED detail $(basename "$log" .log) (no summary): /" >&2
+    fi
     awk -v tag="$LANE" -v vm="$(basename "$log" .log)" '
       { sub(/\r$/, "") }
       $0 ~ "^" tag ": RUN "  { name = $3; n = 0; lines = 0; grab = 0; delete keep; next }
@@ -260,5 +274,10 @@ if ((status != 0)); then
     ' "$log" >&2
   done
 fi
+for first in "$LOGS"/*.boot*.txt; do
+  [[ -e $first ]] || continue
+  say "warning: $(basename "$first" .txt) did not reach init; its last lines:"
+  tail -n 20 "$first" | sed "s/^/[$LANE]   | /"
+done
 say "wall time: lane $(($(date +%s) - lane_start))s (VMs ${vm_secs}s); table in ${doc#$REPO/}"
 exit $status
