@@ -42,15 +42,16 @@
 //   hint (internal::cpu_hint()), not a getcpu per operation.
 //
 // Memory
-//   The list itself (64 bytes), plus 16 bytes for each CPU whose threads
-//   used it with rseq (that CPU's list head, on percpu's per-CPU memory,
-//   internal/stride_arena.hpp), plus 32 bytes for each thread without rseq
+//   The list itself (64 bytes), plus 32 bytes for each CPU whose threads
+//   used it with rseq (that CPU's list head and lock, and a spare word the
+//   list leaves empty, shared with object_pool's layout; on percpu's per-CPU
+//   memory, internal/stride_arena.hpp), plus 32 bytes for each thread without rseq
 //   that used it (its own list's head, on percpu's memory laid out by
 //   thread index, internal/thread_slots.hpp). A CPU or a thread that never
 //   touches a list costs it nothing, however many CPUs the machine may have
 //   (a possible list of 0-4095 costs what 0-1 does), and no two CPUs' or
 //   threads' heads share a cache line. 100,000 lists, each used once on
-//   one CPU, take about 16 bytes each of per-CPU memory beside the list
+//   one CPU, take about 32 bytes each of per-CPU memory beside the list
 //   (percpu-bench --structures, the memory table). Walks over every CPU
 //   (steals, take_all(), fork()) read the heads of CPUs that never ran,
 //   which the kernel maps to its shared zero page without filling a page.

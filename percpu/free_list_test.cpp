@@ -212,7 +212,7 @@ std::set<std::uintptr_t> pages_of(const free_list* lists, long n,
 
 // Memory per instance (free_list.hpp, "Memory"): 100,000 lists, each
 // pushed and popped once by this thread, kept on one CPU, take:
-//   - of the CPUs' slots, that CPU's one (16 bytes, and only with rseq):
+//   - of the CPUs' slots, that CPU's one (32 bytes, and only with rseq):
 //     the other CPUs' copies keep no page, where each list kept 64 bytes
 //     for every possible CPU before;
 //   - of the threads' slots, this thread's one (32 bytes, and only without
@@ -248,7 +248,7 @@ TEST(FreeListTest, AHundredThousandListsTakeBytesEachAndForkFillsNoPage) {
       internal::section_area() != nullptr ? "with" : "without", max_cpus(), sizeof(free_list));
   // One slot each; the chunks' headers (CPU 0's first page of each chunk)
   // and partly used pages: 8 more.
-  EXPECT_LE(per_list_cpus, sizeof(internal::cpu_slot_words) + 8.0)
+  EXPECT_LE(per_list_cpus, static_cast<double>(internal::cpu_lists::slot_bytes()) + 8.0)
       << "more than one CPU's slot per list";
   EXPECT_LE(per_list_threads, 32.0 + 8) << "more than one thread's slot per list";
 
@@ -261,8 +261,8 @@ TEST(FreeListTest, AHundredThousandListsTakeBytesEachAndForkFillsNoPage) {
   const long grown = test::anonymous_bytes_of_mappings(cpu_pages) - before;
   std::printf("fork(): the lists' per-CPU memory grew by %ld bytes in the parent\n", grown);
   // A fork that wrote every list's locker on another CPU would fill
-  // kLists * 16 bytes there.
-  EXPECT_LT(grown, kLists * static_cast<long>(sizeof(internal::cpu_slot_words)) / 4)
+  // kLists * 32 bytes there.
+  EXPECT_LT(grown, kLists * static_cast<long>(internal::cpu_lists::slot_bytes()) / 4)
       << "fork() filled pages of the CPUs' slots";
 }
 

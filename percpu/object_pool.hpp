@@ -4,9 +4,13 @@
 //   Allocating and freeing many objects of one size from many threads, fast:
 //   allocate() and deallocate() take and return objects on a small per-CPU
 //   cache with one rseq critical section each, no atomic instruction and no
-//   lock. Caches are bounded; when one runs empty or full it exchanges a batch
-//   with a shared depot (one lock per batch). trim() empties every cache into
-//   the depot from any thread.
+//   lock. Caches are bounded. With rseq each CPU also has a spare: a full
+//   cache is set aside whole as the spare, and an empty one takes the spare
+//   back, each in one step under the CPU's own lock, so a burst of up to
+//   twice the capacity stays on its CPU (the previous magazine of a slab
+//   allocator). Only when cache and spare are both full or both empty does
+//   the cache exchange a batch with a shared depot (one lock per batch).
+//   trim() empties every cache and spare into the depot from any thread.
 //
 // When not to use it
 //   For objects of varying sizes, or when memory must go back to the system
@@ -50,10 +54,11 @@
 //   deallocate(nullptr) does nothing.
 //
 // Memory
-//   The pool itself (192 bytes), plus 16 bytes for each CPU whose threads
-//   used it with rseq (that CPU's cache's head, on percpu's per-CPU memory,
-//   internal/stride_arena.hpp: a CPU that never touches a pool costs it
-//   nothing, so a possible list of 0-4095 costs what 0-1 does), plus 32
+//   The pool itself (192 bytes), plus 32 bytes for each CPU whose threads
+//   used it with rseq (that CPU's cache's and spare's heads and the cache's
+//   lock, on percpu's per-CPU memory, internal/stride_arena.hpp: a CPU that
+//   never touches a pool costs it nothing, so a possible list of 0-4095
+//   costs what 0-1 does), plus 32
 //   bytes for each thread without rseq that used it (its cache's head, on
 //   percpu's memory laid out by thread index, internal/thread_slots.hpp),
 //   plus the objects: 256 KiB chunks, reserved, whose pages fill as objects
@@ -82,11 +87,12 @@
 //   Leaving an operation by a jump: a signal handler may leave an allocate
 //   or deallocate it interrupted with siglongjmp, or end the thread there
 //   with pthread_exit(). On the rseq fast paths nothing is held. On the
-//   slow paths (refill and spill through the depot, threads without rseq)
-//   the operation may keep a cache or the depot locked for ever, with the
-//   objects it was moving: those are lost (never handed out again), and
-//   with the depot left locked, allocate() returns nullptr once its cache
-//   is empty and freed objects go to the overflow stack. Nothing waits for
+//   slow paths (the spare, refill and spill through the depot, threads
+//   without rseq) the operation may keep a cache (with its spare) or the
+//   depot locked for ever, with the objects it was moving: those are lost
+//   (never handed out again), and with the depot left locked, allocate()
+//   returns nullptr once its cache is empty and freed objects go to the
+//   overflow stack. Nothing waits for
 //   such a lock: fork() keeps a lock the forking thread's own left frame
 //   holds as it is (in both processes); a lock held by a thread that has
 //   since exited is reported by the trim(), fork() or wait for the depot
@@ -159,6 +165,9 @@ class object_pool final : private internal::fork_participant {
   // The depth recorded at the top of CPU `cpu`'s cache: a racy snapshot for
   // tests and diagnostics, never above cache_capacity().
   std::size_t cached_on(int cpu) const noexcept;
+  // Objects in CPU `cpu`'s spare (see "What it is for"), a racy snapshot
+  // like cached_on(), never above cache_capacity().
+  std::size_t spare_on(int cpu) const noexcept;
   // Objects in the caches of threads without rseq (see "Without rseq"), a
   // racy snapshot like cached_on(); each of those caches is bounded by
   // cache_capacity() too.
@@ -204,6 +213,7 @@ class object_pool final : private internal::fork_participant {
   void* allocate_slow() noexcept;
   void deallocate_slow(node* n, bool has_sections) noexcept;
   PERCPU_LOCAL __attribute__((noinline)) void* allocate_refill() noexcept;
+  PERCPU_LOCAL bool spare_seen(internal::rseq_area* area) const noexcept;
   PERCPU_LOCAL __attribute__((noinline)) void deallocate_spill(node* n, bool has_sections) noexcept;
   PERCPU_LOCAL __attribute__((noinline)) void spill_in_sections(internal::rseq_area* area,
                                                                 spill_batch* spill) noexcept;

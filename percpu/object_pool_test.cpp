@@ -15,6 +15,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -50,20 +51,27 @@ object_pool::options checked(std::size_t size) {
   return o;
 }
 
+// Every object in a cache or a spare.
 std::size_t cached_total(const object_pool& pool) {
   std::size_t sum = pool.cached_by_threads();
-  for (int cpu = 0; cpu < pool.slot_count(); ++cpu) sum += pool.cached_on(cpu);
+  for (int cpu = 0; cpu < pool.slot_count(); ++cpu) {
+    sum += pool.cached_on(cpu) + pool.spare_on(cpu);
+  }
   return sum;
 }
 
-// The fullest CPU cache.
+// The fullest CPU cache or spare.
 std::size_t cached_max(const object_pool& pool) {
   std::size_t most = 0;
   for (int cpu = 0; cpu < pool.slot_count(); ++cpu) {
-    if (pool.cached_on(cpu) > most) most = pool.cached_on(cpu);
+    most = std::max({most, pool.cached_on(cpu), pool.spare_on(cpu)});
   }
   return most;
 }
+
+// Whether this thread's frees and allocations reach its CPU's spare: it
+// runs sections (object_pool.hpp, "What it is for").
+bool uses_spares() { return internal::section_area() != nullptr; }
 
 // Whether this process runs rseq sections while membarrier's RSEQ fence is
 // missing (Linux 4.18 to 5.9, a kernel without membarrier, a sandbox that
@@ -88,7 +96,7 @@ std::size_t send_home(object_pool& pool) {
   std::vector<void*> held;
   for (int cpu : saved) {
     if (!stress::restrict_to({cpu})) continue;
-    for (std::size_t n = pool.cached_on(cpu); n > 0; --n) {
+    for (std::size_t n = pool.cached_on(cpu) + pool.spare_on(cpu); n > 0; --n) {
       void* p = pool.allocate();
       if (p == nullptr) break;
       held.push_back(p);
@@ -126,8 +134,9 @@ const void* thread_words(const object_pool& p) { return lists_of(p).thread_words
 const void* cpu_words(const object_pool& p) { return lists_of(p).cpu_words(); }
 
 // Memory per instance (object_pool.hpp, "Memory"): 1,000 pools, each used
-// once by this thread, kept on one CPU, take that CPU's head (16 bytes,
-// and only with rseq) of per-CPU memory, where each took 64 bytes for
+// once by this thread, kept on one CPU, take that CPU's slot (32 bytes:
+// the cache's and the spare's heads and the lock; only with rseq) of
+// per-CPU memory, where each took 64 bytes for
 // every possible CPU before, and at most this thread's slot (32 bytes, and
 // only without rseq) of thread-slot memory each, not the 8 KiB of slots
 // for every thread index each took before. Counted with mincore over every
@@ -164,8 +173,8 @@ TEST(ObjectPoolTest, AThousandPoolsTakeBytesOfCpuAndThreadSlotsEach) {
   // structures' slots share, and each chunk's header page (CPU 0's): 3
   // pages over 1,000 pools.
   const double slack = 3.0 * static_cast<double>(page) / kPools;
-  EXPECT_LE(per_pool_cpus, sizeof(internal::cpu_slot_words) + slack)
-      << "more than one CPU's head per pool";
+  EXPECT_EQ(lists_of(*pools.front()).slot_bytes(), 32u);
+  EXPECT_LE(per_pool_cpus, 32.0 + slack) << "more than one CPU's slot per pool";
   EXPECT_LE(per_pool_threads, 32.0 + slack) << "more than one thread's slot per pool";
 }
 
@@ -286,7 +295,7 @@ TEST(ObjectPoolTest, CachesAreBoundedAndReuseIsLocal) {
     std::printf("CachesAreBoundedAndReuseIsLocal: checked the case without the membarrier "
                 "RSEQ fence (trim() keeps the CPU caches)\n");
     EXPECT_EQ(pool.trim(), 0u) << "without the fence, trim() must leave the CPU caches alone";
-    EXPECT_EQ(pool.cached_on(cpu), outside_depot);
+    EXPECT_EQ(pool.cached_on(cpu) + pool.spare_on(cpu), outside_depot);
     stress::restrict_to(saved);
     expect_all_home(pool);
     return;
@@ -299,10 +308,12 @@ TEST(ObjectPoolTest, CachesAreBoundedAndReuseIsLocal) {
   stress::restrict_to(saved);
 }
 
-// A free onto a full cache gives the depot exactly one batch, its top one,
-// and keeps the freed object on the cache, where the next allocation finds
-// it: in every mode, whether the cache is the CPU's (locked from a section
-// with rseq, or under its lock without) or the thread's own.
+// A free onto a full cache keeps the freed object on the cache, where the
+// next allocation finds it, and makes room: with rseq, by setting the whole
+// cache aside as its CPU's spare while that is empty; otherwise (the spare
+// full, or no rseq) by giving the depot exactly one batch, its top one. In
+// every mode, whether the cache is the CPU's (locked from a section with
+// rseq, or under its lock without) or the thread's own.
 TEST(ObjectPoolTest, AFreeOntoAFullCacheGivesTheDepotOneBatch) {
   const std::vector<int> saved = stress::allowed_cpus();
   ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
@@ -320,14 +331,93 @@ TEST(ObjectPoolTest, AFreeOntoAFullCacheGivesTheDepotOneBatch) {
   std::size_t frees = 0;
   while (cached_total(pool) < 16 && frees < objects.size()) pool.deallocate(objects[frees++]);
   ASSERT_EQ(cached_total(pool), 16u) << "the cache never filled: backend " << to_string(backend());
+  std::size_t full = 16;
+  if (uses_spares()) {
+    const int cpu = stress::test_cpus(1)[0];
+    ASSERT_EQ(pool.spare_on(cpu), 0u);
+    const std::size_t depot = pool.depot_objects();
+    void* next = objects[frees++];
+    pool.deallocate(next);
+    EXPECT_EQ(pool.depot_objects(), depot) << "a full cache with an empty spare reached the depot";
+    EXPECT_EQ(pool.spare_on(cpu), 16u) << "the full cache was not set aside whole";
+    EXPECT_EQ(pool.cached_on(cpu), 1u);
+    void* again = pool.allocate();
+    EXPECT_EQ(again, next) << "the freed object did not stay on the cache";
+    pool.deallocate(again);
+    while (cached_total(pool) < 32 && frees < objects.size()) pool.deallocate(objects[frees++]);
+    ASSERT_EQ(pool.cached_on(cpu), 16u);
+    ASSERT_EQ(pool.spare_on(cpu), 16u);
+    EXPECT_EQ(pool.depot_objects(), depot) << "the cache refilled onto a spare reached the depot";
+    full = 32;
+  }
   const std::size_t depot = pool.depot_objects();
   pool.deallocate(last);
   EXPECT_EQ(pool.depot_objects(), depot + 6) << "not one batch: backend " << to_string(backend());
-  EXPECT_EQ(cached_total(pool), 16u - 6u + 1u);
+  EXPECT_EQ(cached_total(pool), full - 6u + 1u);
   void* again = pool.allocate();
   EXPECT_EQ(again, last) << "the freed object did not stay on the cache";
   pool.deallocate(again);
   while (frees < objects.size()) pool.deallocate(objects[frees++]);
+  stress::restrict_to(saved);
+  expect_all_home(pool);
+}
+
+// With rseq, a CPU's cache and spare hold twice the capacity between them,
+// so bursts of that many allocations, then as many frees, move nothing
+// through the depot and carve nothing, round after round; without rseq
+// (no spare) the same frees give the depot what the one cache cannot hold.
+TEST(ObjectPoolTest, BurstsOfTwiceTheCapacityStayOnTheCpuWithRseq) {
+  const std::vector<int> saved = stress::allowed_cpus();
+  const int cpu = stress::test_cpus(1)[0];
+  ASSERT_TRUE(stress::restrict_to({cpu}));
+  for (unsigned i = 0; i < internal::kCpuHintUses; ++i) (void)internal::cpu_hint();
+  object_pool::options o = checked(48);
+  o.cache_capacity = 16;
+  o.batch = 8;
+  object_pool pool(o);
+  constexpr std::size_t kBurst = 32;
+  // Hold objects until every cache and spare is empty, and at least a burst.
+  std::vector<void*> held;
+  while (held.size() < kBurst || cached_total(pool) != 0) {
+    void* p = pool.allocate();
+    ASSERT_NE(p, nullptr);
+    held.push_back(p);
+  }
+  std::vector<void*> burst(held.end() - kBurst, held.end());
+  held.resize(held.size() - kBurst);
+  const bool spares = uses_spares();
+  SCOPED_TRACE(std::string("backend ") + to_string(backend()) +
+               (spares ? ", with spares" : ", without spares"));
+  const std::size_t depot = pool.depot_objects();
+  for (void* p : burst) pool.deallocate(p);
+  std::printf(
+      "BurstsOfTwiceTheCapacityStayOnTheCpuWithRseq: checked %s\n",
+      spares ? "with spares (10 rounds on the CPU)" : "without spares (the depot takes the rest)");
+  if (!spares) {
+    EXPECT_EQ(pool.depot_objects(), depot + kBurst - 16) << "one cache kept more than its capacity";
+  } else {
+    EXPECT_EQ(pool.depot_objects(), depot);
+    EXPECT_EQ(pool.cached_on(cpu), 16u);
+    EXPECT_EQ(pool.spare_on(cpu), 16u);
+    const std::size_t carved = pool.carved_objects();
+    for (int round = 0; round < 10; ++round) {
+      for (void*& p : burst) p = pool.allocate();
+      ASSERT_EQ(cached_total(pool), 0u) << "round " << round;
+      for (void* p : burst) pool.deallocate(p);
+      ASSERT_EQ(pool.depot_objects(), depot) << "round " << round << " reached the depot";
+      ASSERT_EQ(pool.carved_objects(), carved) << "round " << round << " carved";
+    }
+    // An empty cache beside a full spare: trim() takes the spare too.
+    for (std::size_t i = 0; i < 16; ++i) held.push_back(pool.allocate());
+    ASSERT_EQ(pool.cached_on(cpu), 0u);
+    ASSERT_EQ(pool.spare_on(cpu), 16u);
+    if (!fence_missing()) {
+      EXPECT_EQ(pool.trim(), 16u);
+      EXPECT_EQ(pool.spare_on(cpu), 0u);
+      EXPECT_EQ(pool.depot_objects(), depot + 16);
+    }
+  }
+  for (void* p : held) pool.deallocate(p);
   stress::restrict_to(saved);
   expect_all_home(pool);
 }

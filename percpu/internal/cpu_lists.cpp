@@ -31,15 +31,15 @@ std::intptr_t batch_end(std::intptr_t first, long batch) noexcept {
 cpu_lists::cpu_lists() : count_(max_cpus()) {
   overflow_.head = 0;
   overflow_.consumer = kFlagFree;
-  // Every copy zero: every CPU's list empty, its locker free.
-  slots_ = static_cast<cpu_slot_words*>(stride_arena_for(sizeof(cpu_slot_words)).allocate());
+  // Every copy zero: every CPU's list (and spare) empty, its locker free.
+  slots_ = static_cast<cpu_slot_words*>(stride_arena_for(slot_bytes()).allocate());
   if (slots_ == nullptr) throw std::bad_alloc();
   thread_slots_ = new_thread_slot_copies();
 }
 
 cpu_lists::~cpu_lists() {
   delete_thread_slot_copies(thread_slots_);
-  stride_arena_for(sizeof(cpu_slot_words)).deallocate(slots_);
+  stride_arena_for(slot_bytes()).deallocate(slots_);
 }
 
 int cpu_lists::hint_cpu() const noexcept { return cpu_hint() % count_; }
@@ -73,12 +73,14 @@ std::intptr_t cpu_lists::take_from_thread(int index, long batch, std::intptr_t* 
   return head;
 }
 
-std::intptr_t cpu_lists::drain_cpu(int cpu, int tries) noexcept {
+std::intptr_t cpu_lists::drain_cpu(int cpu, int tries, std::intptr_t* spare) noexcept {
   for (int t = 0; t < tries; ++t) {
     std::intptr_t head = 0;
     const lock_result r = lock_slot(slot_of(cpu), cpu, &head);
     if (r == lock_result::refused) return 0;
     if (r == lock_result::acquired) {
+      *spare = __atomic_load_n(spare_of(cpu), __ATOMIC_RELAXED);
+      if (*spare != 0) __atomic_store_n(spare_of(cpu), 0, __ATOMIC_RELAXED);
       unlock_slot(slot_of(cpu), 0);
       return head;
     }

@@ -37,14 +37,25 @@
 //   peeked at first and skipped, so a walk fills no page of a CPU or thread
 //   that never touched the structure.
 //
+// Spares
+//   Each CPU's slot also has a spare: a second list, the word after the
+//   slot's (cpu_slot_spare), read and written only by a holder of that
+//   CPU's slot lock (its own CPU's, lock_local_slot, or a remote locker's),
+//   and peeked at by walks with relaxed loads. The owner says what goes
+//   there (the pool: a full cache set aside whole, taken back when the
+//   cache runs empty; free_list: nothing, so its spares stay empty);
+//   drain() empties spares with their lists. The spare is why a slot takes
+//   32 bytes of per-CPU memory, not 16: a flag saying which owners want one
+//   would change the layout of the public classes that hold a cpu_lists.
+//
 // Fork
 //   before_fork / after_fork are the lists' part of their owner's
 //   fork_participant handlers: they wait for lockers without writing them
 //   (cpu_slots.hpp, wait_for_slot_lockers; thread_slots.hpp, "Fork").
 //
 // Memory: 40 bytes inside the owner (two pointers, the count, the overflow
-// stack's head and consumer flag); 16 bytes per CPU that used the lists with rseq; 32 bytes
-// per thread without rseq that used them.
+// stack's head and consumer flag); 32 bytes per CPU that used the lists
+// with rseq; 32 bytes per thread without rseq that used them.
 //
 // Async-signal-safe: everything but the constructor and the destructor.
 #pragma once
@@ -71,10 +82,20 @@ typedef std::intptr_t __attribute__((may_alias)) node_link_word;
 // give up: a busy slot usually frees up within a few instructions.
 constexpr int kListLockTries = 3;
 
+// A CPU's slot with a spare (see "Spares"): the slot's words, then the
+// spare list's head.
+struct cpu_slot_spare {
+  cpu_slot_words words;
+  std::intptr_t spare;
+};
+static_assert(offsetof(cpu_slot_spare, words) == 0,
+              "the sections see a slot with a spare as a slot");
+
 class cpu_lists {
  public:
-  // One list per possible CPU (max_cpus()), every one empty; throws
-  // std::bad_alloc when no memory can be mapped for them.
+  // One list per possible CPU (max_cpus()), every one empty, and its spare
+  // (see "Spares"); throws std::bad_alloc when no memory can be mapped for
+  // them.
   cpu_lists();
   ~cpu_lists();
   cpu_lists(const cpu_lists&) = delete;
@@ -85,6 +106,17 @@ class cpu_lists {
   // CPU `cpu`'s slot, cpu in [0, count()).
   cpu_slot_words* slot_of(int cpu) const noexcept {
     return stride_copy(slots_, static_cast<unsigned>(cpu));
+  }
+
+  // CPU `cpu`'s spare list's head word (see "Spares"): only under that
+  // CPU's slot lock.
+  std::intptr_t* spare_of(int cpu) const noexcept {
+    return &reinterpret_cast<cpu_slot_spare*>(slot_of(cpu))->spare;
+  }
+  // The bytes of per-CPU memory each CPU's slot takes (its arena's size
+  // class).
+  static std::size_t slot_bytes() noexcept {
+    return stride_arena_for(sizeof(cpu_slot_spare)).object_size();
   }
 
   // Where the words are, for tests that count the pages they fill: CPU 0's
@@ -119,6 +151,10 @@ class cpu_lists {
   // (`exclusive` did not run), or when `exclusive` said so.
   template <class Exclusive>
   bool on_local_cpu_list(rseq_area* area, Exclusive&& exclusive) noexcept;
+  // The same, with the CPU: `exclusive(&head, cpu)`, for an owner that
+  // also works on that CPU's spare.
+  template <class Exclusive>
+  bool on_local_cpu_slot(rseq_area* area, Exclusive&& exclusive) noexcept;
 
   // The ladder's pop: a node from the caller's list (its CPU's, or for a
   // thread without rseq its own or its hint CPU's), 0 when none is there or
@@ -148,9 +184,9 @@ class cpu_lists {
   [[nodiscard]] std::intptr_t take_from_cpu(int cpu, long batch, std::intptr_t* last) noexcept;
   [[nodiscard]] std::intptr_t take_from_thread(int index, long batch, std::intptr_t* last) noexcept;
   // Empties every list it can lock within `tries` tries each (yielding the
-  // CPU between tries) and hands each non-empty one to `each(head)`; lists
-  // that stay busy, or cannot be fenced, keep their nodes. The overflow
-  // stack is the caller's.
+  // CPU between tries) and hands each non-empty one to `each(head)`, a
+  // CPU's spare as a list of its own; lists that stay busy, or cannot be
+  // fenced, keep their nodes. The overflow stack is the caller's.
   template <class Each>
   void drain(int tries, Each&& each) noexcept;
 
@@ -158,6 +194,10 @@ class cpu_lists {
   // while locked), and thread index `index`'s (index < thread_limit()).
   [[nodiscard]] std::intptr_t head_of(int cpu) const noexcept {
     return __atomic_load_n(&slot_of(cpu)->head, __ATOMIC_RELAXED);
+  }
+  // CPU `cpu`'s spare's head.
+  [[nodiscard]] std::intptr_t spare_head_of(int cpu) const noexcept {
+    return __atomic_load_n(spare_of(cpu), __ATOMIC_RELAXED);
   }
   [[nodiscard]] std::intptr_t thread_head_of(int index) const noexcept {
     return thread_slot_head(thread_slot_at(thread_slots_, index));
@@ -180,7 +220,8 @@ class cpu_lists {
  private:
   // The list step 3 locks: the CPU the fallback last reported (cpu_hint()).
   [[nodiscard]] int hint_cpu() const noexcept;
-  [[nodiscard]] std::intptr_t drain_cpu(int cpu, int tries) noexcept;
+  // Empties CPU `cpu`'s list, and its spare into *spare.
+  [[nodiscard]] std::intptr_t drain_cpu(int cpu, int tries, std::intptr_t* spare) noexcept;
   [[nodiscard]] std::intptr_t drain_thread(int index, int tries) noexcept;
 
   // CPU 0's slot on the per-CPU memory (stride_arena.hpp); CPU c's is
@@ -229,10 +270,15 @@ bool cpu_lists::on_hint_cpu_list(Exclusive&& exclusive) noexcept {
 
 template <class Exclusive>
 bool cpu_lists::on_local_cpu_list(rseq_area* area, Exclusive&& exclusive) noexcept {
+  return on_local_cpu_slot(area, [&](std::intptr_t* head, int) { return exclusive(head); });
+}
+
+template <class Exclusive>
+bool cpu_lists::on_local_cpu_slot(rseq_area* area, Exclusive&& exclusive) noexcept {
   int cpu = 0;
   std::intptr_t head = 0;
   if (lock_local_slot(area, slots_, count_, &cpu, &head) != lock_result::acquired) return false;
-  const bool done = exclusive(&head);
+  const bool done = exclusive(&head, cpu);
   unlock_slot(slot_of(cpu), head);
   return done;
 }
@@ -282,8 +328,10 @@ void cpu_lists::drain(int tries, Each&& each) noexcept {
   for (int cpu = 0; cpu < count_; ++cpu) {
     // Peek first: an empty list is not worth a lock, and a CPU that never
     // touched it keeps its page unfilled.
-    if (head_of(cpu) == 0) continue;
-    if (const std::intptr_t head = drain_cpu(cpu, tries)) each(head);
+    if (head_of(cpu) == 0 && spare_head_of(cpu) == 0) continue;
+    std::intptr_t spare = 0;
+    if (const std::intptr_t head = drain_cpu(cpu, tries, &spare)) each(head);
+    if (spare != 0) each(spare);
   }
   for (int i = 0; i < thread_limit(); ++i) {
     if (thread_head_of(i) == 0) continue;
