@@ -458,12 +458,7 @@ void* object_pool::allocate_refill() noexcept {
   if (area != nullptr && spare_seen(area)) {
     std::intptr_t popped = 0;
     if (lists_.on_local_cpu_slot(area, [&](std::intptr_t* head, int cpu) {
-          if (*head == 0) {
-            std::intptr_t* spare = lists_.spare_of(cpu);
-            *head = __atomic_load_n(spare, __ATOMIC_RELAXED);
-            if (*head == 0) return false;
-            __atomic_store_n(spare, 0, __ATOMIC_RELAXED);
-          }
+          if (*head == 0) *head = lists_.take_spare(cpu);
           return internal::pop_held(head, &popped);
         })) {
       if (checks_) check_allocate(reinterpret_cast<void*>(popped));
@@ -534,9 +529,8 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
   };
   auto set_aside_and_push = [&](std::intptr_t* head, int cpu) {
     if (depth_of(*head) >= capacity_) {
-      std::intptr_t* spare = lists_.spare_of(cpu);
-      if (__atomic_load_n(spare, __ATOMIC_RELAXED) == 0) {
-        __atomic_store_n(spare, *head, __ATOMIC_RELAXED);
+      if (lists_.spare_head_of(cpu) == 0) {
+        lists_.set_spare(cpu, *head);
         *head = 0;
       } else {
         shed_batch(head, &spill);

@@ -79,8 +79,7 @@ std::intptr_t cpu_lists::drain_cpu(int cpu, int tries, std::intptr_t* spare) noe
     const lock_result r = lock_slot(slot_of(cpu), cpu, &head);
     if (r == lock_result::refused) return 0;
     if (r == lock_result::acquired) {
-      *spare = __atomic_load_n(spare_of(cpu), __ATOMIC_RELAXED);
-      if (*spare != 0) __atomic_store_n(spare_of(cpu), 0, __ATOMIC_RELAXED);
+      *spare = take_spare(cpu);
       unlock_slot(slot_of(cpu), 0);
       return head;
     }

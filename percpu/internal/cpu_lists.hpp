@@ -108,10 +108,15 @@ class cpu_lists {
     return stride_copy(slots_, static_cast<unsigned>(cpu));
   }
 
-  // CPU `cpu`'s spare list's head word (see "Spares"): only under that
-  // CPU's slot lock.
-  std::intptr_t* spare_of(int cpu) const noexcept {
-    return &reinterpret_cast<cpu_slot_spare*>(slot_of(cpu))->spare;
+  // Under CPU `cpu`'s slot lock (see "Spares"): its spare's head, leaving
+  // the spare empty; and, with the spare empty, making `head` the spare.
+  [[nodiscard]] std::intptr_t take_spare(int cpu) const noexcept {
+    const std::intptr_t spare = spare_head_of(cpu);
+    if (spare != 0) __atomic_store_n(spare_of(cpu), 0, __ATOMIC_RELAXED);
+    return spare;
+  }
+  void set_spare(int cpu, std::intptr_t head) const noexcept {
+    __atomic_store_n(spare_of(cpu), head, __ATOMIC_RELAXED);
   }
   // The bytes of per-CPU memory each CPU's slot takes (its arena's size
   // class).
@@ -145,14 +150,11 @@ class cpu_lists {
   bool on_own_list(Exclusive&& exclusive) noexcept;
   template <class Exclusive>
   __attribute__((noinline)) bool on_hint_cpu_list(Exclusive&& exclusive) noexcept;
-  // Step 1 for work one section cannot do: `exclusive(&head)` on the list
-  // of the CPU the thread runs on, locked from a section (cpu_slots.hpp,
-  // lock_local_slot: no fence). False when it could not be locked now
-  // (`exclusive` did not run), or when `exclusive` said so.
-  template <class Exclusive>
-  bool on_local_cpu_list(rseq_area* area, Exclusive&& exclusive) noexcept;
-  // The same, with the CPU: `exclusive(&head, cpu)`, for an owner that
-  // also works on that CPU's spare.
+  // Step 1 for work one section cannot do: `exclusive(&head, cpu)` on the
+  // list of the CPU the thread runs on, `cpu`, locked from a section
+  // (cpu_slots.hpp, lock_local_slot: no fence), so it may also work on that
+  // CPU's spare. False when it could not be locked now (`exclusive` did not
+  // run), or when `exclusive` said so.
   template <class Exclusive>
   bool on_local_cpu_slot(rseq_area* area, Exclusive&& exclusive) noexcept;
 
@@ -220,6 +222,9 @@ class cpu_lists {
  private:
   // The list step 3 locks: the CPU the fallback last reported (cpu_hint()).
   [[nodiscard]] int hint_cpu() const noexcept;
+  std::intptr_t* spare_of(int cpu) const noexcept {
+    return &reinterpret_cast<cpu_slot_spare*>(slot_of(cpu))->spare;
+  }
   // Empties CPU `cpu`'s list, and its spare into *spare.
   [[nodiscard]] std::intptr_t drain_cpu(int cpu, int tries, std::intptr_t* spare) noexcept;
   [[nodiscard]] std::intptr_t drain_thread(int index, int tries) noexcept;
@@ -266,11 +271,6 @@ bool cpu_lists::on_hint_cpu_list(Exclusive&& exclusive) noexcept {
     return done;
   }
   return false;
-}
-
-template <class Exclusive>
-bool cpu_lists::on_local_cpu_list(rseq_area* area, Exclusive&& exclusive) noexcept {
-  return on_local_cpu_slot(area, [&](std::intptr_t* head, int) { return exclusive(head); });
 }
 
 template <class Exclusive>
