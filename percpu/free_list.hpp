@@ -43,8 +43,8 @@
 //
 // Memory
 //   The list itself (64 bytes), plus 32 bytes for each CPU whose threads
-//   used it with rseq (that CPU's list head and lock, and a spare word the
-//   list leaves empty, shared with object_pool's layout; on percpu's per-CPU
+//   used it with rseq (that CPU's list head and lock, and two spare words
+//   the list leaves empty, shared with object_pool's layout; on percpu's per-CPU
 //   memory, internal/stride_arena.hpp), plus 32 bytes for each thread without rseq
 //   that used it (its own list's head, on percpu's memory laid out by
 //   thread index, internal/thread_slots.hpp). A CPU or a thread that never

@@ -179,8 +179,8 @@ bool object_pool::carve_chunk_locked() noexcept {
 // Everything the depot holds, and everything on its way there, is a chain
 // that counts its own depths: linked to nullptr, each node's depth its
 // distance from the bottom plus one, so the first node's depth is the
-// chain's length. A cache taken whole (trim) is one as it stands; a spill
-// builds one as it pops (spill_batch). The depot keeps such chains on a
+// chain's length. A cache taken whole (trim, or an older spare let go) is
+// one as it stands; a spill builds one as it pops (spill_batch). The depot keeps such chains on a
 // stack, so giving one and taking one are a few stores under the lock
 // whatever its length, and a chain taken onto an empty cache is pushed as it
 // is, without a walk. A refill then touches two of its nodes, not all of
@@ -344,7 +344,11 @@ std::size_t object_pool::cached_on(int cpu) const noexcept {
 
 std::size_t object_pool::spare_on(int cpu) const noexcept {
   if (cpu < 0 || cpu >= lists_.count()) return 0;
-  return static_cast<std::size_t>(depth_of(lists_.spare_head_of(cpu)));
+  std::size_t sum = 0;
+  for (int which = 0; which < internal::kSpares; ++which) {
+    sum += static_cast<std::size_t>(depth_of(lists_.spare_head_of(cpu, which)));
+  }
+  return sum;
 }
 
 std::size_t object_pool::cached_by_threads() const noexcept {
@@ -439,8 +443,9 @@ void* object_pool::allocate_slow() noexcept {
   return allocate_refill();
 }
 
-// Whether the spare of the CPU the thread runs on holds objects: a racy
-// peek (the thread may move, the spare change), for skipping the lock.
+// Whether the CPU the thread runs on has a spare in use: a racy peek (the
+// thread may move, the spares change), for skipping the lock. The newer
+// spare is enough to look at: the older is in use only while it is.
 bool object_pool::spare_seen(internal::rseq_area* area) const noexcept {
   const int cpu = internal::rseq_current_index<internal::index_kind::cpu_id>(area);
   return static_cast<unsigned>(cpu) < static_cast<unsigned>(lists_.count()) &&
@@ -448,10 +453,10 @@ bool object_pool::spare_seen(internal::rseq_area* area) const noexcept {
 }
 
 // The cache is empty (or locked, or its sections kept aborting). With rseq,
-// the CPU's spare first: locked from a section, a cache that is still
-// empty takes the spare whole, with its depths as they are (they count
-// from its bottom), and the next allocations are local again; no depot,
-// no walk. A spare that reads empty is not worth the lock. Then the
+// the CPU's spares first: locked from a section, a cache that is still
+// empty takes the newer spare whole, with its depths as they are (they
+// count from its bottom), and the next allocations are local again; no
+// depot, no walk. Spares that read empty are not worth the lock. Then the
 // overflow stack, then the depot.
 void* object_pool::allocate_refill() noexcept {
   internal::rseq_area* area = internal::section_area();
@@ -505,18 +510,23 @@ void object_pool::deallocate_slow(node* n, bool has_sections) noexcept {
 // The cache is full (or locked, or its sections kept aborting), or the
 // thread has no rseq. Under the cache's lock, a full cache makes room and
 // n goes onto it, so the next frees are local again. A thread with rseq
-// locks its CPU's cache from a section; there a full cache whose spare is
-// empty becomes the spare whole (no depot, no walk: allocate_refill takes
-// it back when the cache runs empty, so bursts of up to twice the capacity
-// stay on the CPU, as a slab allocator's previous magazine keeps them).
-// Otherwise the cache's top batch goes to the depot (the depths below stay
-// right, since they count from the bottom): one step, where popping the
-// batch takes a section per object, its fallback when the lock is busy. A
-// thread without rseq uses its own cache or its hint CPU's (the ladder),
-// without the spare. On the depot when none can be had now. The depot is
-// only reached once no list is held (R1).
+// locks its CPU's cache from a section; there a full cache becomes the
+// newer spare whole, and the newer the older (no walk: allocate_refill
+// takes them back, newest first, as the cache runs empty, so bursts of up
+// to three times the capacity, less the batch a refill may bring, stay on
+// the CPU: a slab allocator's previous magazine, one deeper). With both
+// spares in use the older one, a whole cache, goes to the depot once the
+// lock is let go: a magazine is as cheap to move as a batch, and moving
+// the most the CPU can spare keeps it off the depot longest. A thread
+// without rseq uses its own cache or its hint CPU's (the ladder), without
+// spares: there the cache's top batch goes to the depot (the depths below
+// stay right, since they count from the bottom). Where the CPU's lock is
+// busy, a batch is popped a section per object instead. On the depot when
+// no cache can be had now. The depot is only reached once no list is held
+// (R1).
 void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
   spill_batch spill;
+  node* fallen = nullptr;  // the older spare that set_aside let go
   auto push = [&](std::intptr_t* head) {
     n->next = reinterpret_cast<node*>(*head);
     n->depth = depth_of(*head) + 1;
@@ -529,12 +539,8 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
   };
   auto set_aside_and_push = [&](std::intptr_t* head, int cpu) {
     if (depth_of(*head) >= capacity_) {
-      if (lists_.spare_head_of(cpu) == 0) {
-        lists_.set_spare(cpu, *head);
-        *head = 0;
-      } else {
-        shed_batch(head, &spill);
-      }
+      fallen = reinterpret_cast<node*>(lists_.set_aside(cpu, *head));
+      *head = 0;
     }
     return push(head);
   };
@@ -546,6 +552,7 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
         return false;
       },
       shed_and_push);
+  if (fallen != nullptr) depot_give(fallen, nullptr, fallen->depth);
   if (!cached) spill.push_front(n);
   if (spill.count > 0) depot_give(spill.first, spill.last, spill.count);
 }

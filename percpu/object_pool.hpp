@@ -4,13 +4,15 @@
 //   Allocating and freeing many objects of one size from many threads, fast:
 //   allocate() and deallocate() take and return objects on a small per-CPU
 //   cache with one rseq critical section each, no atomic instruction and no
-//   lock. Caches are bounded. With rseq each CPU also has a spare: a full
-//   cache is set aside whole as the spare, and an empty one takes the spare
-//   back, each in one step under the CPU's own lock, so a burst of up to
-//   twice the capacity stays on its CPU (the previous magazine of a slab
-//   allocator). Only when cache and spare are both full or both empty does
-//   the cache exchange a batch with a shared depot (one lock per batch).
-//   trim() empties every cache and spare into the depot from any thread.
+//   lock. Caches are bounded. With rseq each CPU also has two spares: a
+//   full cache is set aside whole as a spare, and an empty one takes the
+//   newest spare back, each in one step under the CPU's own lock, so a
+//   burst of up to three times the capacity (less a batch) stays on its
+//   CPU (the previous magazine of a slab allocator, one deeper). A full
+//   cache beside two spares in use sends the older spare to a shared depot
+//   whole; an empty cache with no spare takes a batch from there (one lock
+//   each). trim() empties every cache and spare into the depot from any
+//   thread.
 //
 // When not to use it
 //   For objects of varying sizes, or when memory must go back to the system
@@ -55,7 +57,7 @@
 //
 // Memory
 //   The pool itself (192 bytes), plus 32 bytes for each CPU whose threads
-//   used it with rseq (that CPU's cache's and spare's heads and the cache's
+//   used it with rseq (that CPU's cache's and spares' heads and the cache's
 //   lock, on percpu's per-CPU memory, internal/stride_arena.hpp: a CPU that
 //   never touches a pool costs it nothing, so a possible list of 0-4095
 //   costs what 0-1 does), plus 32
@@ -87,8 +89,8 @@
 //   Leaving an operation by a jump: a signal handler may leave an allocate
 //   or deallocate it interrupted with siglongjmp, or end the thread there
 //   with pthread_exit(). On the rseq fast paths nothing is held. On the
-//   slow paths (the spare, refill and spill through the depot, threads
-//   without rseq) the operation may keep a cache (with its spare) or the
+//   slow paths (the spares, refill and spill through the depot, threads
+//   without rseq) the operation may keep a cache (with its spares) or the
 //   depot locked for ever, with the objects it was moving: those are lost
 //   (never handed out again), and with the depot left locked, allocate()
 //   returns nullptr once its cache is empty and freed objects go to the
@@ -165,8 +167,8 @@ class object_pool final : private internal::fork_participant {
   // The depth recorded at the top of CPU `cpu`'s cache: a racy snapshot for
   // tests and diagnostics, never above cache_capacity().
   std::size_t cached_on(int cpu) const noexcept;
-  // Objects in CPU `cpu`'s spare (see "What it is for"), a racy snapshot
-  // like cached_on(), never above cache_capacity().
+  // Objects in CPU `cpu`'s spares (see "What it is for"), a racy snapshot
+  // like cached_on(), never above twice cache_capacity().
   std::size_t spare_on(int cpu) const noexcept;
   // Objects in the caches of threads without rseq (see "Without rseq"), a
   // racy snapshot like cached_on(); each of those caches is bounded by

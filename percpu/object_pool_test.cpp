@@ -60,11 +60,12 @@ std::size_t cached_total(const object_pool& pool) {
   return sum;
 }
 
-// The fullest CPU cache or spare.
+// The fullest CPU cache, or half of the fullest CPU's spares (each holds
+// at most a cache's capacity).
 std::size_t cached_max(const object_pool& pool) {
   std::size_t most = 0;
   for (int cpu = 0; cpu < pool.slot_count(); ++cpu) {
-    most = std::max({most, pool.cached_on(cpu), pool.spare_on(cpu)});
+    most = std::max({most, pool.cached_on(cpu), (pool.spare_on(cpu) + 1) / 2});
   }
   return most;
 }
@@ -310,11 +311,12 @@ TEST(ObjectPoolTest, CachesAreBoundedAndReuseIsLocal) {
 
 // A free onto a full cache keeps the freed object on the cache, where the
 // next allocation finds it, and makes room: with rseq, by setting the whole
-// cache aside as its CPU's spare while that is empty; otherwise (the spare
-// full, or no rseq) by giving the depot exactly one batch, its top one. In
-// every mode, whether the cache is the CPU's (locked from a section with
+// cache aside as its CPU's newer spare (the newer becoming the older), and
+// once both spares are in use by giving the depot the older one whole;
+// without rseq by giving the depot exactly one batch, the cache's top one.
+// In every mode, whether the cache is the CPU's (locked from a section with
 // rseq, or under its lock without) or the thread's own.
-TEST(ObjectPoolTest, AFreeOntoAFullCacheGivesTheDepotOneBatch) {
+TEST(ObjectPoolTest, AFreeOntoAFullCacheSetsItAsideOrGivesTheDepotABatch) {
   const std::vector<int> saved = stress::allowed_cpus();
   ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
   // A thread whose fallback is the getcpu system call keeps its CPU answer
@@ -332,28 +334,31 @@ TEST(ObjectPoolTest, AFreeOntoAFullCacheGivesTheDepotOneBatch) {
   while (cached_total(pool) < 16 && frees < objects.size()) pool.deallocate(objects[frees++]);
   ASSERT_EQ(cached_total(pool), 16u) << "the cache never filled: backend " << to_string(backend());
   std::size_t full = 16;
+  std::size_t room = 6;  // what the free onto a full cache and full spares gives the depot
   if (uses_spares()) {
     const int cpu = stress::test_cpus(1)[0];
     ASSERT_EQ(pool.spare_on(cpu), 0u);
     const std::size_t depot = pool.depot_objects();
     void* next = objects[frees++];
     pool.deallocate(next);
-    EXPECT_EQ(pool.depot_objects(), depot) << "a full cache with an empty spare reached the depot";
+    EXPECT_EQ(pool.depot_objects(), depot) << "a full cache with no spare in use reached the depot";
     EXPECT_EQ(pool.spare_on(cpu), 16u) << "the full cache was not set aside whole";
     EXPECT_EQ(pool.cached_on(cpu), 1u);
     void* again = pool.allocate();
     EXPECT_EQ(again, next) << "the freed object did not stay on the cache";
     pool.deallocate(again);
-    while (cached_total(pool) < 32 && frees < objects.size()) pool.deallocate(objects[frees++]);
+    while (cached_total(pool) < 48 && frees < objects.size()) pool.deallocate(objects[frees++]);
     ASSERT_EQ(pool.cached_on(cpu), 16u);
-    ASSERT_EQ(pool.spare_on(cpu), 16u);
-    EXPECT_EQ(pool.depot_objects(), depot) << "the cache refilled onto a spare reached the depot";
-    full = 32;
+    ASSERT_EQ(pool.spare_on(cpu), 32u) << "the second full cache was not set aside whole";
+    EXPECT_EQ(pool.depot_objects(), depot) << "a cache set aside beside a spare reached the depot";
+    full = 48;
+    room = 16;
   }
   const std::size_t depot = pool.depot_objects();
   pool.deallocate(last);
-  EXPECT_EQ(pool.depot_objects(), depot + 6) << "not one batch: backend " << to_string(backend());
-  EXPECT_EQ(cached_total(pool), full - 6u + 1u);
+  EXPECT_EQ(pool.depot_objects(), depot + room)
+      << "not the older spare whole (rseq) or one batch: backend " << to_string(backend());
+  EXPECT_EQ(cached_total(pool), full - room + 1u);
   void* again = pool.allocate();
   EXPECT_EQ(again, last) << "the freed object did not stay on the cache";
   pool.deallocate(again);
@@ -362,11 +367,13 @@ TEST(ObjectPoolTest, AFreeOntoAFullCacheGivesTheDepotOneBatch) {
   expect_all_home(pool);
 }
 
-// With rseq, a CPU's cache and spare hold twice the capacity between them,
-// so bursts of that many allocations, then as many frees, move nothing
-// through the depot and carve nothing, round after round; without rseq
-// (no spare) the same frees give the depot what the one cache cannot hold.
-TEST(ObjectPoolTest, BurstsOfTwiceTheCapacityStayOnTheCpuWithRseq) {
+// With rseq, a CPU's cache and its two spares hold three times the capacity
+// between them, so bursts of that many allocations, then as many frees,
+// move nothing through the depot and carve nothing, round after round, and
+// the cache's objects come back in the order the spares took them; without
+// rseq (no spares) the same frees give the depot what the one cache cannot
+// hold.
+TEST(ObjectPoolTest, BurstsOfThreeTimesTheCapacityStayOnTheCpuWithRseq) {
   const std::vector<int> saved = stress::allowed_cpus();
   const int cpu = stress::test_cpus(1)[0];
   ASSERT_TRUE(stress::restrict_to({cpu}));
@@ -375,7 +382,7 @@ TEST(ObjectPoolTest, BurstsOfTwiceTheCapacityStayOnTheCpuWithRseq) {
   o.cache_capacity = 16;
   o.batch = 8;
   object_pool pool(o);
-  constexpr std::size_t kBurst = 32;
+  constexpr std::size_t kBurst = 48;
   // Hold objects until every cache and spare is empty, and at least a burst.
   std::vector<void*> held;
   while (held.size() < kBurst || cached_total(pool) != 0) {
@@ -391,30 +398,34 @@ TEST(ObjectPoolTest, BurstsOfTwiceTheCapacityStayOnTheCpuWithRseq) {
   const std::size_t depot = pool.depot_objects();
   for (void* p : burst) pool.deallocate(p);
   std::printf(
-      "BurstsOfTwiceTheCapacityStayOnTheCpuWithRseq: checked %s\n",
+      "BurstsOfThreeTimesTheCapacityStayOnTheCpuWithRseq: checked %s\n",
       spares ? "with spares (10 rounds on the CPU)" : "without spares (the depot takes the rest)");
   if (!spares) {
     EXPECT_EQ(pool.depot_objects(), depot + kBurst - 16) << "one cache kept more than its capacity";
   } else {
     EXPECT_EQ(pool.depot_objects(), depot);
     EXPECT_EQ(pool.cached_on(cpu), 16u);
-    EXPECT_EQ(pool.spare_on(cpu), 16u);
+    EXPECT_EQ(pool.spare_on(cpu), 32u);
     const std::size_t carved = pool.carved_objects();
     for (int round = 0; round < 10; ++round) {
-      for (void*& p : burst) p = pool.allocate();
+      // LIFO through the spares too: the last freed comes back first.
+      for (std::size_t i = kBurst; i-- > 0;) {
+        void* p = pool.allocate();
+        ASSERT_EQ(p, burst[i]) << "round " << round << ", object " << i << " out of order";
+      }
       ASSERT_EQ(cached_total(pool), 0u) << "round " << round;
       for (void* p : burst) pool.deallocate(p);
       ASSERT_EQ(pool.depot_objects(), depot) << "round " << round << " reached the depot";
       ASSERT_EQ(pool.carved_objects(), carved) << "round " << round << " carved";
     }
-    // An empty cache beside a full spare: trim() takes the spare too.
+    // An empty cache beside two spares in use: trim() takes both.
     for (std::size_t i = 0; i < 16; ++i) held.push_back(pool.allocate());
     ASSERT_EQ(pool.cached_on(cpu), 0u);
-    ASSERT_EQ(pool.spare_on(cpu), 16u);
+    ASSERT_EQ(pool.spare_on(cpu), 32u);
     if (!fence_missing()) {
-      EXPECT_EQ(pool.trim(), 16u);
+      EXPECT_EQ(pool.trim(), 32u);
       EXPECT_EQ(pool.spare_on(cpu), 0u);
-      EXPECT_EQ(pool.depot_objects(), depot + 16);
+      EXPECT_EQ(pool.depot_objects(), depot + 32);
     }
   }
   for (void* p : held) pool.deallocate(p);

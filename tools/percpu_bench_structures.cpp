@@ -77,9 +77,9 @@ struct vector_stack {
 constexpr std::size_t kObjectSize = 64;
 // Live objects per burst: twice object_pool's default cache capacity (128),
 // as a program that holds a few hundred objects at a time does. With rseq
-// a CPU's cache and spare hold that many between them, so a burst goes
-// through the depot only for what drifts past the bound (about one batch
-// each way per burst); without rseq, for every batch beyond one cache.
+// a CPU's cache and its two spares hold three times the capacity, so a
+// burst stays on its CPU once the cache's fill has settled; without rseq it
+// goes through the depot for every batch beyond one cache.
 constexpr std::uint64_t kBurst = 256;
 
 struct shared_objects {

@@ -31,7 +31,7 @@ std::intptr_t batch_end(std::intptr_t first, long batch) noexcept {
 cpu_lists::cpu_lists() : count_(max_cpus()) {
   overflow_.head = 0;
   overflow_.consumer = kFlagFree;
-  // Every copy zero: every CPU's list (and spare) empty, its locker free.
+  // Every copy zero: every CPU's list (and spares) empty, its locker free.
   slots_ = static_cast<cpu_slot_words*>(stride_arena_for(slot_bytes()).allocate());
   if (slots_ == nullptr) throw std::bad_alloc();
   thread_slots_ = new_thread_slot_copies();
@@ -73,13 +73,13 @@ std::intptr_t cpu_lists::take_from_thread(int index, long batch, std::intptr_t* 
   return head;
 }
 
-std::intptr_t cpu_lists::drain_cpu(int cpu, int tries, std::intptr_t* spare) noexcept {
+std::intptr_t cpu_lists::drain_cpu(int cpu, int tries, std::intptr_t (&spares)[kSpares]) noexcept {
   for (int t = 0; t < tries; ++t) {
     std::intptr_t head = 0;
     const lock_result r = lock_slot(slot_of(cpu), cpu, &head);
     if (r == lock_result::refused) return 0;
     if (r == lock_result::acquired) {
-      *spare = take_spare(cpu);
+      for (std::intptr_t& spare : spares) spare = take_spare(cpu);
       unlock_slot(slot_of(cpu), 0);
       return head;
     }

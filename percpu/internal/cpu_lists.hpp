@@ -38,16 +38,17 @@
 //   that never touched the structure.
 //
 // Spares
-//   Each CPU's slot also has a spare: a second list, the word after the
-//   slot's (cpu_slot_spare), read and written only by a holder of that
-//   CPU's slot lock (its own CPU's, lock_local_slot, or a remote locker's),
-//   and peeked at by walks with relaxed loads. The owner says what goes
-//   there (the pool: a full cache set aside whole, taken back when the
-//   cache runs empty; free_list: nothing, so its spares stay empty);
-//   drain() empties spares with their lists. The spare is why a slot takes
-//   32 bytes of per-CPU memory, not 16: a flag saying which owners want one
-//   would change the layout of the public classes that hold a cpu_lists.
-//
+//   Each CPU's slot also has two spares: a stack of up to two more lists,
+//   the newer first, in the words after the slot's (cpu_slot_spare), read
+//   and written only by a holder of that CPU's slot lock (its own CPU's,
+//   lock_local_slot, or a remote locker's), and peeked at by walks with
+//   relaxed loads. An older spare is in use only while the newer one is
+//   (set_aside and take_spare keep it so). The owner says what goes there
+//   (the pool: a full cache set aside whole, taken back when the cache runs
+//   empty; free_list: nothing, so its spares stay empty); drain() empties
+//   spares with their lists. The spares are why a slot takes 32 bytes of
+//   per-CPU memory, not 16: a flag saying which owners want them would
+//   change the layout of the public classes that hold a cpu_lists.
 // Fork
 //   before_fork / after_fork are the lists' part of their owner's
 //   fork_participant handlers: they wait for lockers without writing them
@@ -82,18 +83,22 @@ typedef std::intptr_t __attribute__((may_alias)) node_link_word;
 // give up: a busy slot usually frees up within a few instructions.
 constexpr int kListLockTries = 3;
 
-// A CPU's slot with a spare (see "Spares"): the slot's words, then the
-// spare list's head.
+// How many spares a CPU's slot has (see "Spares").
+constexpr int kSpares = 2;
+
+// A CPU's slot with its spares (see "Spares"): the slot's words, then the
+// spares' heads, the newer first.
 struct cpu_slot_spare {
   cpu_slot_words words;
-  std::intptr_t spare;
+  std::intptr_t spares[kSpares];
 };
 static_assert(offsetof(cpu_slot_spare, words) == 0,
-              "the sections see a slot with a spare as a slot");
+              "the sections see a slot with spares as a slot");
+static_assert(sizeof(cpu_slot_spare) == 32, "a slot with its spares fills its size class");
 
 class cpu_lists {
  public:
-  // One list per possible CPU (max_cpus()), every one empty, and its spare
+  // One list per possible CPU (max_cpus()), every one empty, and its spares
   // (see "Spares"); throws std::bad_alloc when no memory can be mapped for
   // them.
   cpu_lists();
@@ -108,15 +113,27 @@ class cpu_lists {
     return stride_copy(slots_, static_cast<unsigned>(cpu));
   }
 
-  // Under CPU `cpu`'s slot lock (see "Spares"): its spare's head, leaving
-  // the spare empty; and, with the spare empty, making `head` the spare.
+  // Under CPU `cpu`'s slot lock (see "Spares"). take_spare: the newer
+  // spare's head (0 when there is none), the older spare becoming the newer.
+  // set_aside: `head` (not 0) becomes the newer spare, the newer the older; the
+  // older one's head, if both were in use, is returned, and it is the
+  // caller's now (0 when there was room).
   [[nodiscard]] std::intptr_t take_spare(int cpu) const noexcept {
-    const std::intptr_t spare = spare_head_of(cpu);
-    if (spare != 0) __atomic_store_n(spare_of(cpu), 0, __ATOMIC_RELAXED);
-    return spare;
+    std::intptr_t* spares = spares_of(cpu);
+    const std::intptr_t newer = spares[0];
+    if (newer != 0) {
+      __atomic_store_n(&spares[0], spares[1], __ATOMIC_RELAXED);
+      __atomic_store_n(&spares[1], 0, __ATOMIC_RELAXED);
+    }
+    return newer;
   }
-  void set_spare(int cpu, std::intptr_t head) const noexcept {
-    __atomic_store_n(spare_of(cpu), head, __ATOMIC_RELAXED);
+  [[nodiscard]] std::intptr_t set_aside(int cpu, std::intptr_t head) const noexcept {
+    std::intptr_t* spares = spares_of(cpu);
+    const std::intptr_t newer = spares[0];
+    const std::intptr_t older = spares[1];
+    if (newer != 0) __atomic_store_n(&spares[1], newer, __ATOMIC_RELAXED);
+    __atomic_store_n(&spares[0], head, __ATOMIC_RELAXED);
+    return newer != 0 ? older : 0;
   }
   // The bytes of per-CPU memory each CPU's slot takes (its arena's size
   // class).
@@ -153,7 +170,7 @@ class cpu_lists {
   // Step 1 for work one section cannot do: `exclusive(&head, cpu)` on the
   // list of the CPU the thread runs on, `cpu`, locked from a section
   // (cpu_slots.hpp, lock_local_slot: no fence), so it may also work on that
-  // CPU's spare. False when it could not be locked now (`exclusive` did not
+  // CPU's spares. False when it could not be locked now (`exclusive` did not
   // run), or when `exclusive` said so.
   template <class Exclusive>
   bool on_local_cpu_slot(rseq_area* area, Exclusive&& exclusive) noexcept;
@@ -186,8 +203,8 @@ class cpu_lists {
   [[nodiscard]] std::intptr_t take_from_cpu(int cpu, long batch, std::intptr_t* last) noexcept;
   [[nodiscard]] std::intptr_t take_from_thread(int index, long batch, std::intptr_t* last) noexcept;
   // Empties every list it can lock within `tries` tries each (yielding the
-  // CPU between tries) and hands each non-empty one to `each(head)`, a
-  // CPU's spare as a list of its own; lists that stay busy, or cannot be
+  // CPU between tries) and hands each non-empty one to `each(head)`, each
+  // of a CPU's spares as a list of its own; lists that stay busy, or cannot be
   // fenced, keep their nodes. The overflow stack is the caller's.
   template <class Each>
   void drain(int tries, Each&& each) noexcept;
@@ -197,9 +214,9 @@ class cpu_lists {
   [[nodiscard]] std::intptr_t head_of(int cpu) const noexcept {
     return __atomic_load_n(&slot_of(cpu)->head, __ATOMIC_RELAXED);
   }
-  // CPU `cpu`'s spare's head.
-  [[nodiscard]] std::intptr_t spare_head_of(int cpu) const noexcept {
-    return __atomic_load_n(spare_of(cpu), __ATOMIC_RELAXED);
+  // CPU `cpu`'s spare's head: the newer (which 0) or the older (which 1).
+  [[nodiscard]] std::intptr_t spare_head_of(int cpu, int which = 0) const noexcept {
+    return __atomic_load_n(&spares_of(cpu)[which], __ATOMIC_RELAXED);
   }
   [[nodiscard]] std::intptr_t thread_head_of(int index) const noexcept {
     return thread_slot_head(thread_slot_at(thread_slots_, index));
@@ -222,11 +239,12 @@ class cpu_lists {
  private:
   // The list step 3 locks: the CPU the fallback last reported (cpu_hint()).
   [[nodiscard]] int hint_cpu() const noexcept;
-  std::intptr_t* spare_of(int cpu) const noexcept {
-    return &reinterpret_cast<cpu_slot_spare*>(slot_of(cpu))->spare;
+  std::intptr_t* spares_of(int cpu) const noexcept {
+    return reinterpret_cast<cpu_slot_spare*>(slot_of(cpu))->spares;
   }
-  // Empties CPU `cpu`'s list, and its spare into *spare.
-  [[nodiscard]] std::intptr_t drain_cpu(int cpu, int tries, std::intptr_t* spare) noexcept;
+  // Empties CPU `cpu`'s list, and its spares into spares[].
+  [[nodiscard]] std::intptr_t drain_cpu(int cpu, int tries,
+                                        std::intptr_t (&spares)[kSpares]) noexcept;
   [[nodiscard]] std::intptr_t drain_thread(int index, int tries) noexcept;
 
   // CPU 0's slot on the per-CPU memory (stride_arena.hpp); CPU c's is
@@ -328,10 +346,12 @@ void cpu_lists::drain(int tries, Each&& each) noexcept {
   for (int cpu = 0; cpu < count_; ++cpu) {
     // Peek first: an empty list is not worth a lock, and a CPU that never
     // touched it keeps its page unfilled.
-    if (head_of(cpu) == 0 && spare_head_of(cpu) == 0) continue;
-    std::intptr_t spare = 0;
-    if (const std::intptr_t head = drain_cpu(cpu, tries, &spare)) each(head);
-    if (spare != 0) each(spare);
+    if (head_of(cpu) == 0 && spare_head_of(cpu, 0) == 0 && spare_head_of(cpu, 1) == 0) continue;
+    std::intptr_t spares[kSpares] = {};
+    if (const std::intptr_t head = drain_cpu(cpu, tries, spares)) each(head);
+    for (std::intptr_t spare : spares) {
+      if (spare != 0) each(spare);
+    }
   }
   for (int i = 0; i < thread_limit(); ++i) {
     if (thread_head_of(i) == 0) continue;
