@@ -29,6 +29,10 @@ constexpr std::size_t kDefaultCacheBytes = 16384;
 constexpr std::size_t kMinDefaultCapacity = 8;
 constexpr std::size_t kMaxDefaultCapacity = 128;
 constexpr int kTrimTries = 64;
+// A thread's own cache (a thread without rseq) holds what a CPU's cache and
+// its spares hold together: it has no spares, and one deep list costs such
+// a thread nothing more per operation, since no section re-checks its depth.
+constexpr std::intptr_t kOwnCacheCapacities = 1 + internal::kSpares;
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -496,7 +500,7 @@ void* object_pool::allocate_refill() noexcept {
 void object_pool::deallocate_slow(node* n, bool has_sections) noexcept {
   if (!has_sections && lists_.on_own_list([&](std::intptr_t* head) {
         const std::intptr_t depth = depth_of(*head);
-        if (depth >= capacity_) return false;
+        if (depth >= kOwnCacheCapacities * capacity_) return false;
         n->next = reinterpret_cast<node*>(*head);
         n->depth = depth + 1;
         *head = reinterpret_cast<std::intptr_t>(n);
@@ -517,13 +521,13 @@ void object_pool::deallocate_slow(node* n, bool has_sections) noexcept {
 // the CPU: a slab allocator's previous magazine, one deeper). With both
 // spares in use the older one, a whole cache, goes to the depot once the
 // lock is let go: a magazine is as cheap to move as a batch, and moving
-// the most the CPU can spare keeps it off the depot longest. A thread
-// without rseq uses its own cache or its hint CPU's (the ladder), without
-// spares: there the cache's top batch goes to the depot (the depths below
-// stay right, since they count from the bottom). Where the CPU's lock is
-// busy, a batch is popped a section per object instead. On the depot when
-// no cache can be had now. The depot is only reached once no list is held
-// (R1).
+// the most the CPU can spare keeps it off the depot longest. Where the
+// CPU's lock is busy, a batch is popped a section per object instead. A
+// thread without rseq uses its own cache (as deep as a CPU's cache and
+// spares) or its hint CPU's (the ladder's steps 2 and 3), without spares:
+// there the cache's top batch goes to the depot (the depths below stay
+// right, since they count from the bottom). On the depot when no cache can
+// be had now. The depot is only reached once no list is held (R1).
 void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
   spill_batch spill;
   node* fallen = nullptr;  // the older spare that set_aside let go
@@ -533,8 +537,8 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
     *head = reinterpret_cast<std::intptr_t>(n);
     return true;
   };
-  auto shed_and_push = [&](std::intptr_t* head) {
-    if (depth_of(*head) >= capacity_) shed_batch(head, &spill);
+  auto shed_and_push = [&](std::intptr_t* head, std::intptr_t bound) {
+    if (depth_of(*head) >= bound) shed_batch(head, &spill);
     return push(head);
   };
   auto set_aside_and_push = [&](std::intptr_t* head, int cpu) {
@@ -544,14 +548,18 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
     }
     return push(head);
   };
-  const bool cached = lists_.at_home(
-      has_sections ? internal::section_area() : nullptr,
-      [&](internal::rseq_area* area) {
-        if (lists_.on_local_cpu_slot(area, set_aside_and_push)) return true;
-        spill_in_sections(area, &spill);
-        return false;
-      },
-      shed_and_push);
+  internal::rseq_area* area = has_sections ? internal::section_area() : nullptr;
+  bool cached = false;
+  if (area != nullptr) {
+    cached = lists_.on_local_cpu_slot(area, set_aside_and_push);
+    if (!cached) spill_in_sections(area, &spill);
+  } else {
+    cached = lists_.on_own_list([&](std::intptr_t* head) {
+      return shed_and_push(head, kOwnCacheCapacities * capacity_);
+    }) || lists_.on_hint_cpu_list([&](std::intptr_t* head) {
+      return shed_and_push(head, capacity_);
+    });
+  }
   if (fallen != nullptr) depot_give(fallen, nullptr, fallen->depth);
   if (!cached) spill.push_front(n);
   if (spill.count > 0) depot_give(spill.first, spill.last, spill.count);

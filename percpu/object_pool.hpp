@@ -10,9 +10,9 @@
 //   burst of up to three times the capacity (less a batch) stays on its
 //   CPU (the previous magazine of a slab allocator, one deeper). A full
 //   cache beside two spares in use sends the older spare to a shared depot
-//   whole; an empty cache with no spare takes a batch from there (one lock
-//   each). trim() empties every cache and spare into the depot from any
-//   thread.
+//   whole; an empty cache with no spare takes the depot's newest chain (a
+//   batch, or a cache some CPU let go), one lock each. trim() empties
+//   every cache and spare into the depot from any thread.
 //
 // When not to use it
 //   For objects of varying sizes, or when memory must go back to the system
@@ -24,11 +24,12 @@
 // Without rseq
 //   A thread without rseq (seccomp, valgrind, qemu-user, a forced fallback)
 //   has a cache of its own in each pool, a thread slot
-//   (percpu/internal/thread_slots.hpp), bounded like a CPU's cache: allocate and
-//   deallocate there are plain loads and stores between a "busy" store and a
-//   check that no other thread revoked the slot, with no atomic instruction
-//   and no system call, the way a malloc's thread cache works. A cache that
-//   runs empty or full exchanges a batch with the depot. trim() revokes
+//   (percpu/internal/thread_slots.hpp), bounded by what a CPU's cache and
+//   its two spares hold (three times the capacity), since it has no spares:
+//   allocate and deallocate there are plain loads and stores between a
+//   "busy" store and a check that no other thread revoked the slot, with no
+//   atomic instruction and no system call, the way a malloc's thread cache
+//   works. A cache that runs empty or full exchanges a batch with the depot. trim() revokes
 //   these caches with one membarrier system call each; fork() writes
 //   nothing to them and waits only for a trim() moving one. Where the
 //   membarrier command is missing, or beyond the thread slots' number of live
@@ -67,7 +68,9 @@
 //   are carved, the first with the chunk's header and bitmap. 300 pools of
 //   64-byte objects, each used once, take about 8,700 bytes each
 //   (percpu-bench --structures, the memory table), nearly all of it the
-//   first two pages of each pool's chunk.
+//   first two pages of each pool's chunk. Free objects out of the depot:
+//   up to three caches' worth for each CPU used with rseq and each thread
+//   without it, until trim().
 //
 // By CPU only: no concurrency-id form
 //   The caches are free lists (free_list.hpp says why those stay by CPU):
@@ -171,8 +174,8 @@ class object_pool final : private internal::fork_participant {
   // like cached_on(), never above twice cache_capacity().
   std::size_t spare_on(int cpu) const noexcept;
   // Objects in the caches of threads without rseq (see "Without rseq"), a
-  // racy snapshot like cached_on(); each of those caches is bounded by
-  // cache_capacity() too.
+  // racy snapshot like cached_on(); each of those caches holds at most three
+  // times cache_capacity().
   std::size_t cached_by_threads() const noexcept;
   // Whether `p` points at an object slot of this pool (allocated or not).
   bool owns(const void* p) const noexcept;

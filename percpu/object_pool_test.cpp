@@ -132,6 +132,12 @@ struct expose_object_pool_lists {
 };
 template struct expose_object_pool_lists<&object_pool::lists_>;
 const void* thread_words(const object_pool& p) { return lists_of(p).thread_words(); }
+// Whether this thread, without rseq, has a cache of its own in `p`
+// (object_pool.hpp, "Without rseq"): three capacities deep, where a CPU's
+// cache it locks holds one.
+bool uses_own_cache(const object_pool& p) {
+  return !uses_spares() && lists_of(p).own_thread_slot() != nullptr;
+}
 const void* cpu_words(const object_pool& p) { return lists_of(p).cpu_words(); }
 
 // Memory per instance (object_pool.hpp, "Memory"): 1,000 pools, each used
@@ -274,7 +280,7 @@ TEST(ObjectPoolTest, CachesAreBoundedAndReuseIsLocal) {
     // for its CPU only every so many operations, so two CPU caches may hold
     // objects for a moment.
     ASSERT_LE(cached_max(pool), 16u) << "a cache grew past its capacity";
-    ASSERT_LE(pool.cached_by_threads(), 16u) << "a thread's cache grew past its capacity";
+    ASSERT_LE(pool.cached_by_threads(), 48u) << "a thread's cache grew past three capacities";
   }
   if (backend() == cpu_backend::rseq) {
     EXPECT_GT(pool.cached_on(cpu), 0u);
@@ -313,9 +319,11 @@ TEST(ObjectPoolTest, CachesAreBoundedAndReuseIsLocal) {
 // next allocation finds it, and makes room: with rseq, by setting the whole
 // cache aside as its CPU's newer spare (the newer becoming the older), and
 // once both spares are in use by giving the depot the older one whole;
-// without rseq by giving the depot exactly one batch, the cache's top one.
-// In every mode, whether the cache is the CPU's (locked from a section with
-// rseq, or under its lock without) or the thread's own.
+// without rseq by giving the depot exactly one batch, the cache's top one,
+// once the cache holds its bound (three capacities for a thread's own, one
+// for a CPU's it locks). In every mode, whether the cache is the CPU's
+// (locked from a section with rseq, or under its lock without) or the
+// thread's own.
 TEST(ObjectPoolTest, AFreeOntoAFullCacheSetsItAsideOrGivesTheDepotABatch) {
   const std::vector<int> saved = stress::allowed_cpus();
   ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
@@ -353,6 +361,13 @@ TEST(ObjectPoolTest, AFreeOntoAFullCacheSetsItAsideOrGivesTheDepotABatch) {
     EXPECT_EQ(pool.depot_objects(), depot) << "a cache set aside beside a spare reached the depot";
     full = 48;
     room = 16;
+  } else if (uses_own_cache(pool)) {
+    // A thread's own cache holds three capacities before it sheds a batch.
+    const std::size_t depot = pool.depot_objects();
+    while (cached_total(pool) < 48 && frees < objects.size()) pool.deallocate(objects[frees++]);
+    ASSERT_EQ(pool.cached_by_threads(), 48u) << "the thread's own cache did not fill";
+    EXPECT_EQ(pool.depot_objects(), depot) << "the thread's own cache shed before three capacities";
+    full = 48;
   }
   const std::size_t depot = pool.depot_objects();
   pool.deallocate(last);
@@ -368,12 +383,14 @@ TEST(ObjectPoolTest, AFreeOntoAFullCacheSetsItAsideOrGivesTheDepotABatch) {
 }
 
 // With rseq, a CPU's cache and its two spares hold three times the capacity
-// between them, so bursts of that many allocations, then as many frees,
-// move nothing through the depot and carve nothing, round after round, and
-// the cache's objects come back in the order the spares took them; without
-// rseq (no spares) the same frees give the depot what the one cache cannot
-// hold.
-TEST(ObjectPoolTest, BurstsOfThreeTimesTheCapacityStayOnTheCpuWithRseq) {
+// between them, and so does a thread's own cache without rseq, so bursts of
+// that many allocations, then as many frees, move nothing through the depot
+// and carve nothing, round after round, and the objects come back
+// last-freed first; a CPU's cache locked by a thread without rseq (no
+// spares) gives the depot what it cannot hold.
+// lock_refused: whether a CPU's lock is refused here (fence_missing(), asked
+// before the seam below makes this thread's backend the fallback's).
+void bursts_of_three_capacities(bool lock_refused) {
   const std::vector<int> saved = stress::allowed_cpus();
   const int cpu = stress::test_cpus(1)[0];
   ASSERT_TRUE(stress::restrict_to({cpu}));
@@ -393,22 +410,31 @@ TEST(ObjectPoolTest, BurstsOfThreeTimesTheCapacityStayOnTheCpuWithRseq) {
   std::vector<void*> burst(held.end() - kBurst, held.end());
   held.resize(held.size() - kBurst);
   const bool spares = uses_spares();
-  SCOPED_TRACE(std::string("backend ") + to_string(backend()) +
-               (spares ? ", with spares" : ", without spares"));
+  const bool own = uses_own_cache(pool);
+  const char* where = spares ? "a CPU's cache and spares (rseq)"
+                      : own  ? "a thread's own cache (no rseq)"
+                             : "a CPU's cache under its lock (no rseq)";
+  SCOPED_TRACE(std::string("backend ") + to_string(backend()) + ", " + where);
   const std::size_t depot = pool.depot_objects();
   for (void* p : burst) pool.deallocate(p);
-  std::printf(
-      "BurstsOfThreeTimesTheCapacityStayOnTheCpuWithRseq: checked %s\n",
-      spares ? "with spares (10 rounds on the CPU)" : "without spares (the depot takes the rest)");
-  if (!spares) {
-    EXPECT_EQ(pool.depot_objects(), depot + kBurst - 16) << "one cache kept more than its capacity";
+  std::printf("BurstsOfThreeTimesTheCapacityStayWhereTheyWereFreed: checked %s\n", where);
+  if (!spares && !own) {
+    // The CPU's cache keeps one capacity, or nothing where its lock is
+    // refused (no membarrier fence while sections run).
+    const std::size_t kept = lock_refused ? 0 : 16;
+    EXPECT_EQ(pool.depot_objects(), depot + kBurst - kept)
+        << "one cache kept more than its capacity";
   } else {
     EXPECT_EQ(pool.depot_objects(), depot);
-    EXPECT_EQ(pool.cached_on(cpu), 16u);
-    EXPECT_EQ(pool.spare_on(cpu), 32u);
+    if (spares) {
+      EXPECT_EQ(pool.cached_on(cpu), 16u);
+      EXPECT_EQ(pool.spare_on(cpu), 32u);
+    } else {
+      EXPECT_EQ(pool.cached_by_threads(), kBurst);
+    }
     const std::size_t carved = pool.carved_objects();
     for (int round = 0; round < 10; ++round) {
-      // LIFO through the spares too: the last freed comes back first.
+      // LIFO, through the spares too: the last freed comes back first.
       for (std::size_t i = kBurst; i-- > 0;) {
         void* p = pool.allocate();
         ASSERT_EQ(p, burst[i]) << "round " << round << ", object " << i << " out of order";
@@ -418,19 +444,34 @@ TEST(ObjectPoolTest, BurstsOfThreeTimesTheCapacityStayOnTheCpuWithRseq) {
       ASSERT_EQ(pool.depot_objects(), depot) << "round " << round << " reached the depot";
       ASSERT_EQ(pool.carved_objects(), carved) << "round " << round << " carved";
     }
-    // An empty cache beside two spares in use: trim() takes both.
-    for (std::size_t i = 0; i < 16; ++i) held.push_back(pool.allocate());
-    ASSERT_EQ(pool.cached_on(cpu), 0u);
-    ASSERT_EQ(pool.spare_on(cpu), 32u);
-    if (!fence_missing()) {
-      EXPECT_EQ(pool.trim(), 32u);
-      EXPECT_EQ(pool.spare_on(cpu), 0u);
-      EXPECT_EQ(pool.depot_objects(), depot + 32);
+    if (!spares) {
+      EXPECT_EQ(pool.trim(), kBurst) << "trim() left the thread's own cache";
+      EXPECT_EQ(pool.cached_by_threads(), 0u);
+    } else {
+      // An empty cache beside two spares in use: trim() takes both.
+      for (std::size_t i = 0; i < 16; ++i) held.push_back(pool.allocate());
+      ASSERT_EQ(pool.cached_on(cpu), 0u);
+      ASSERT_EQ(pool.spare_on(cpu), 32u);
+      if (!fence_missing()) {
+        EXPECT_EQ(pool.trim(), 32u);
+        EXPECT_EQ(pool.spare_on(cpu), 0u);
+        EXPECT_EQ(pool.depot_objects(), depot + 32);
+      }
     }
   }
   for (void* p : held) pool.deallocate(p);
   stress::restrict_to(saved);
   expect_all_home(pool);
+}
+
+TEST(ObjectPoolTest, BurstsOfThreeTimesTheCapacityStayWhereTheyWereFreed) {
+  const bool lock_refused = fence_missing();
+  bursts_of_three_capacities(lock_refused);
+  // And where this mode has neither spares nor an own cache: the locked
+  // path, as a thread beyond the thread slots takes it.
+  internal::force_locked_path_for_this_thread(true);
+  bursts_of_three_capacities(lock_refused);
+  internal::force_locked_path_for_this_thread(false);
 }
 
 TEST(ObjectPoolTest, TrimRefusesCachesItCannotFence) {

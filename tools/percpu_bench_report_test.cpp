@@ -210,7 +210,10 @@ const std::map<std::string, std::pair<double, double>> kStructureFigures = {
     {"object_pool_vs_mimalloc", {4.0, 6.0}},
     {"object_pool_burst_vs_tcmalloc", {10.0, 9.0}},
     {"object_pool_burst_vs_jemalloc", {10.0, 12.0}},
-    {"object_pool_burst_vs_mimalloc", {10.0, 10.0}}};
+    {"object_pool_burst_vs_mimalloc", {10.0, 10.0}},
+    {"object_pool_handoff_vs_tcmalloc", {10.0, 8.0}},
+    {"object_pool_handoff_vs_jemalloc", {10.0, 12.0}},
+    {"object_pool_handoff_vs_mimalloc", {10.0, 10.0}}};
 
 std::string print_to_string(const run_result& run) {
   char* buf = nullptr;

@@ -49,6 +49,8 @@ void percpu_bench_loop_object_pool(std::uint64_t n);
 void percpu_bench_loop_malloc(std::uint64_t n);
 void percpu_bench_loop_object_pool_burst(std::uint64_t n);
 void percpu_bench_loop_malloc_burst(std::uint64_t n);
+void percpu_bench_loop_object_pool_handoff(std::uint64_t n);
+void percpu_bench_loop_malloc_handoff(std::uint64_t n);
 void percpu_bench_loop_shared_mutex(std::uint64_t n);
 void percpu_bench_loop_std_shared_mutex(std::uint64_t n);
 void percpu_bench_loop_shared_mutex_write(std::uint64_t n);
@@ -106,6 +108,82 @@ struct shared_objects {
 shared_objects& objects() {
   static shared_objects* o = new shared_objects;
   return *o;
+}
+
+// Which thread of its row the calling thread is, and how many there are
+// (run_threads sets them before each loop), for loops whose threads play
+// different parts.
+thread_local int t_row_thread = 0;
+thread_local int t_row_threads = 1;
+
+// Objects per batch a producer hands to its consumer: a server's queue of
+// requests or a log's records, far more than any per-CPU cache holds, so
+// every object is allocated on one CPU and freed on the other.
+constexpr std::size_t kHandoffBatch = 4096;
+
+// A single-producer, single-consumer ring of batches of objects: the
+// producer (thread 0) fills a slot and publishes it, the consumer (thread 1)
+// frees a published slot's objects and gives the slot back. Both run the
+// same n, so they cut it into the same batches, and a run leaves the ring
+// empty for the next (the pool's and the allocator's loops take turns on
+// it, never at once).
+struct handoff_ring {
+  static constexpr std::uint64_t kSlots = 4;
+  void* objects[kSlots][kHandoffBatch];
+  alignas(64) std::atomic<std::uint64_t> published{0};
+  alignas(64) std::atomic<std::uint64_t> released{0};
+};
+
+handoff_ring& ring() {
+  static handoff_ring* r = new handoff_ring;
+  return *r;
+}
+
+// Waits, spinning then yielding, for `ready`: the other thread runs on its
+// own CPU and is never far behind, but where both share one CPU the
+// yield lets it run.
+template <typename Ready>
+void wait_for(Ready&& ready) {
+  for (int spins = 0; !ready(); ++spins) {
+    if (spins < 1000) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+// n objects through the ring with `make` and `drop`: thread 0 makes every
+// one, thread 1 drops every one; a row of one thread makes a batch, then
+// drops it. The figure is per object.
+template <typename Make, typename Drop>
+void handoff(std::uint64_t n, Make&& make, Drop&& drop) {
+  handoff_ring& r = ring();
+  for (std::uint64_t done = 0; done < n;) {
+    const std::uint64_t k = std::min<std::uint64_t>(kHandoffBatch, n - done);
+    if (t_row_threads == 1) {
+      void** slot = r.objects[0];
+      for (std::uint64_t j = 0; j < k; ++j) slot[j] = make();
+      for (std::uint64_t j = 0; j < k; ++j) drop(slot[j]);
+    } else if (t_row_thread == 0) {
+      const std::uint64_t batch = r.published.load(std::memory_order_relaxed);
+      wait_for([&] {
+        return batch - r.released.load(std::memory_order_acquire) < handoff_ring::kSlots;
+      });
+      void** slot = r.objects[batch % handoff_ring::kSlots];
+      for (std::uint64_t j = 0; j < k; ++j) slot[j] = make();
+      r.published.store(batch + 1, std::memory_order_release);
+    } else {
+      const std::uint64_t batch = r.released.load(std::memory_order_relaxed);
+      wait_for([&] { return r.published.load(std::memory_order_acquire) != batch; });
+      void** slot = r.objects[batch % handoff_ring::kSlots];
+      for (std::uint64_t j = 0; j < k; ++j) drop(slot[j]);
+      r.released.store(batch + 1, std::memory_order_release);
+    }
+    done += k;
+  }
 }
 
 // Hands a pointer to the compiler as if it were used, so a malloc/free or
@@ -207,6 +285,29 @@ void percpu_bench_loop_malloc_burst(std::uint64_t n) {
     for (std::uint64_t j = 0; j < k; ++j) std::free(held[j]);
     done += k;
   }
+}
+
+void percpu_bench_loop_object_pool_handoff(std::uint64_t n) {
+  percpu::object_pool* pool = objects().pool;
+  handoff(
+      n,
+      [pool] {
+        void* p = pool->allocate();
+        keep(p);
+        return p;
+      },
+      [pool](void* p) { pool->deallocate(p); });
+}
+
+void percpu_bench_loop_malloc_handoff(std::uint64_t n) {
+  handoff(
+      n,
+      [] {
+        void* p = std::malloc(kObjectSize);
+        keep(p);
+        return p;
+      },
+      [](void* p) { std::free(p); });
 }
 
 void percpu_bench_loop_shared_mutex(std::uint64_t n) {
@@ -328,6 +429,18 @@ const std::vector<structure_kind> kKinds = {
     {"object_pool_burst_vs_mimalloc", "percpu::object_pool burst of 256 (mimalloc is malloc)",
      "mimalloc 256 mallocs, 256 frees", "mimalloc / object_pool burst of 256",
      percpu_bench_loop_object_pool_burst, percpu_bench_loop_malloc_burst, 1.0, 1.0, kMimalloc},
+    // Allocated on one CPU, freed on the other (at two threads; one thread
+    // allocates a batch, then frees it): the objects cross CPUs through
+    // the pool's depot, or the allocator's remote frees.
+    {"object_pool_handoff_vs_tcmalloc", "percpu::object_pool handoff of 4096 (tcmalloc is malloc)",
+     "tcmalloc malloc on one thread, free on the other", "tcmalloc / object_pool handoff",
+     percpu_bench_loop_object_pool_handoff, percpu_bench_loop_malloc_handoff, 1.0, 1.0, kTcmalloc},
+    {"object_pool_handoff_vs_jemalloc", "percpu::object_pool handoff of 4096 (jemalloc is malloc)",
+     "jemalloc malloc on one thread, free on the other", "jemalloc / object_pool handoff",
+     percpu_bench_loop_object_pool_handoff, percpu_bench_loop_malloc_handoff, 1.0, 1.0, kJemalloc},
+    {"object_pool_handoff_vs_mimalloc", "percpu::object_pool handoff of 4096 (mimalloc is malloc)",
+     "mimalloc malloc on one thread, free on the other", "mimalloc / object_pool handoff",
+     percpu_bench_loop_object_pool_handoff, percpu_bench_loop_malloc_handoff, 1.0, 1.0, kMimalloc},
 };
 const std::vector<int> kThreadCounts = {1, 2};
 
@@ -341,6 +454,8 @@ std::vector<double> run_threads(loop_fn loop, std::uint64_t n, int threads) {
   barrier start(threads);
   auto body = [&](int t) {
     pin_guard pin(cpus.empty() ? -1 : cpus[static_cast<std::size_t>(t) % cpus.size()]);
+    t_row_thread = t;
+    t_row_threads = threads;
     loop(std::min<std::uint64_t>(n, kStructureMinCalls));
     start.wait();
     per_op[static_cast<std::size_t>(t)] = time_loop(loop, n) / static_cast<double>(n);

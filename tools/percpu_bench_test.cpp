@@ -533,7 +533,7 @@ TEST(PercpuBenchGbench, CompareReadsTheRun) {
   ASSERT_EQ(c.status, 0) << c.out << c.err;
   EXPECT_NE(c.out.find("[cpu_id vs. thread_local]"), std::string::npos) << c.out;
   ASSERT_TRUE(parsed);
-  std::map<std::string, std::vector<double> > times;  // run name -> cpu_time per repetition
+  std::map<std::string, std::vector<double>> times;  // run name -> cpu_time per repetition
   for (const json& b : written.at("benchmarks")) {
     if (b.at("run_type") == "iteration") {
       times[b.at("name").get<std::string>()].push_back(b.at("cpu_time").get<double>());
@@ -590,7 +590,10 @@ TEST(PercpuBenchStructures, TableJsonAndSvgHoldEveryRow) {
       {"object_pool_vs_mimalloc", "libmimalloc.so.2"},
       {"object_pool_burst_vs_tcmalloc", "libtcmalloc_minimal.so.4"},
       {"object_pool_burst_vs_jemalloc", "libjemalloc.so.2"},
-      {"object_pool_burst_vs_mimalloc", "libmimalloc.so.2"}};
+      {"object_pool_burst_vs_mimalloc", "libmimalloc.so.2"},
+      {"object_pool_handoff_vs_tcmalloc", "libtcmalloc_minimal.so.4"},
+      {"object_pool_handoff_vs_jemalloc", "libjemalloc.so.2"},
+      {"object_pool_handoff_vs_mimalloc", "libmimalloc.so.2"}};
   const json& rows = root.at("structures");
   ASSERT_EQ(rows.size(), kinds.size() * 2);
   // This process's rseq decides whether the "with rseq" column can exist;
@@ -654,8 +657,8 @@ TEST(PercpuBenchStructures, TableJsonAndSvgHoldEveryRow) {
   // The memory table: every structure, each figure from its own child, in
   // the text, the JSON and the SVG alike.
   EXPECT_NE(r.out.find("3. Memory per instance"), std::string::npos) << r.out;
-  const std::vector<std::string> memory_kinds = {"counter", "per_cpu", "ref", "shared_mutex",
-                                                 "free_list", "object_pool"};
+  const std::vector<std::string> memory_kinds = {"counter",      "per_cpu",   "ref",
+                                                 "shared_mutex", "free_list", "object_pool"};
   const json& memory = root.at("memory");
   ASSERT_EQ(memory.size(), memory_kinds.size());
   for (std::size_t i = 0; i < memory.size(); ++i) {
@@ -669,10 +672,10 @@ TEST(PercpuBenchStructures, TableJsonAndSvgHoldEveryRow) {
       EXPECT_GT(m.at(figure).get<double>(), 4) << figure;
       EXPECT_LT(m.at(figure).get<double>(), 64 * 1024) << figure;
     }
-    const std::string table = r.out.substr(std::min(r.out.find("3. Memory per instance"), r.out.size()));
+    const std::string table =
+        r.out.substr(std::min(r.out.find("3. Memory per instance"), r.out.size()));
     const std::string line = line_starting(table, m.at("label").get<std::string>() + " ");
-    EXPECT_NE(line.find(one_decimal(m.at("bytes_with_rseq").get<double>())),
-              std::string::npos)
+    EXPECT_NE(line.find(one_decimal(m.at("bytes_with_rseq").get<double>())), std::string::npos)
         << line;
     EXPECT_NE(svg.find(m.at("label").get<std::string>() + ": " +
                        one_decimal(m.at("bytes_with_rseq").get<double>())),
