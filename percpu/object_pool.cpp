@@ -184,12 +184,13 @@ bool object_pool::carve_chunk_locked() noexcept {
 // that counts its own depths: linked to nullptr, each node's depth its
 // distance from the bottom plus one, so the first node's depth is the
 // chain's length. A cache taken whole (trim, or an older spare let go) is
-// one as it stands; a spill builds one as it pops (spill_batch). The depot keeps such chains on a
-// stack, so giving one and taking one are a few stores under the lock
-// whatever its length, and a chain taken onto an empty cache is pushed as it
-// is, without a walk. A refill then touches two of its nodes, not all of
-// them, one after another, while the CPU that freed them still holds their
-// lines (and, before, under the lock the other CPUs wait for).
+// one as it stands; a spill builds one as it pops (spill_batch). The depot
+// keeps such chains on a stack, so giving one and taking one are a few
+// stores under the lock whatever its length, and a chain taken onto an
+// empty cache is pushed as it is, without a walk. A refill then touches
+// two of its nodes, not all of them, one after another, while the CPU that
+// freed them still holds their lines (and, before, under the lock the
+// other CPUs wait for).
 //
 // The link to the next chain on the stack is kept in a word the chain's
 // depths make redundant: the second node's depth (always the first's minus

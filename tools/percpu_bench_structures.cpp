@@ -110,6 +110,51 @@ shared_objects& objects() {
   return *o;
 }
 
+// Hands a pointer to the compiler as if it were used, so a malloc/free or
+// allocate/deallocate pair cannot be folded away.
+template <typename T>
+inline void keep(T*& p) {
+  asm volatile("" : "+r"(p));
+}
+
+// The two sides of the allocation rows: the pool's allocate and deallocate,
+// and the process's malloc and free, of kObjectSize bytes.
+struct pool_objects {
+  percpu::object_pool* pool;
+  void* make() const {
+    void* p = pool->allocate();
+    keep(p);
+    return p;
+  }
+  void drop(void* p) const { pool->deallocate(p); }
+};
+struct malloc_objects {
+  void* make() const {
+    void* p = std::malloc(kObjectSize);
+    keep(p);
+    return p;
+  }
+  void drop(void* p) const { std::free(p); }
+};
+
+// k objects made into held[0..k), then dropped, oldest first.
+template <typename Side>
+void make_then_drop(void** held, std::uint64_t k, const Side& side) {
+  for (std::uint64_t j = 0; j < k; ++j) held[j] = side.make();
+  for (std::uint64_t j = 0; j < k; ++j) side.drop(held[j]);
+}
+
+// n objects made and dropped in bursts of kBurst.
+template <typename Side>
+void in_bursts(std::uint64_t n, const Side& side) {
+  void* held[kBurst];
+  for (std::uint64_t done = 0; done < n;) {
+    const std::uint64_t k = std::min(kBurst, n - done);
+    make_then_drop(held, k, side);
+    done += k;
+  }
+}
+
 // Which thread of its row the calling thread is, and how many there are
 // (run_threads sets them before each loop), for loops whose threads play
 // different parts.
@@ -155,42 +200,33 @@ void wait_for(Ready&& ready) {
   }
 }
 
-// n objects through the ring with `make` and `drop`: thread 0 makes every
-// one, thread 1 drops every one; a row of one thread makes a batch, then
-// drops it. The figure is per object.
-template <typename Make, typename Drop>
-void handoff(std::uint64_t n, Make&& make, Drop&& drop) {
+// n objects through the ring: thread 0 makes every one, thread 1 drops
+// every one; a row of one thread makes a batch, then drops it. The figure
+// is per object.
+template <typename Side>
+void handoff(std::uint64_t n, const Side& side) {
   handoff_ring& r = ring();
   for (std::uint64_t done = 0; done < n;) {
     const std::uint64_t k = std::min<std::uint64_t>(kHandoffBatch, n - done);
     if (t_row_threads == 1) {
-      void** slot = r.objects[0];
-      for (std::uint64_t j = 0; j < k; ++j) slot[j] = make();
-      for (std::uint64_t j = 0; j < k; ++j) drop(slot[j]);
+      make_then_drop(r.objects[0], k, side);
     } else if (t_row_thread == 0) {
       const std::uint64_t batch = r.published.load(std::memory_order_relaxed);
       wait_for([&] {
         return batch - r.released.load(std::memory_order_acquire) < handoff_ring::kSlots;
       });
       void** slot = r.objects[batch % handoff_ring::kSlots];
-      for (std::uint64_t j = 0; j < k; ++j) slot[j] = make();
+      for (std::uint64_t j = 0; j < k; ++j) slot[j] = side.make();
       r.published.store(batch + 1, std::memory_order_release);
     } else {
       const std::uint64_t batch = r.released.load(std::memory_order_relaxed);
       wait_for([&] { return r.published.load(std::memory_order_acquire) != batch; });
       void** slot = r.objects[batch % handoff_ring::kSlots];
-      for (std::uint64_t j = 0; j < k; ++j) drop(slot[j]);
+      for (std::uint64_t j = 0; j < k; ++j) side.drop(slot[j]);
       r.released.store(batch + 1, std::memory_order_release);
     }
     done += k;
   }
-}
-
-// Hands a pointer to the compiler as if it were used, so a malloc/free or
-// allocate/deallocate pair cannot be folded away.
-template <typename T>
-inline void keep(T*& p) {
-  asm volatile("" : "+r"(p));
 }
 
 }  // namespace
@@ -261,54 +297,16 @@ void percpu_bench_loop_malloc(std::uint64_t n) {
 // n allocations and n frees, in bursts: kBurst allocations, then their
 // frees, oldest first. The figure is per allocation+free pair.
 void percpu_bench_loop_object_pool_burst(std::uint64_t n) {
-  shared_objects& o = objects();
-  void* held[kBurst];
-  for (std::uint64_t done = 0; done < n;) {
-    const std::uint64_t k = std::min(kBurst, n - done);
-    for (std::uint64_t j = 0; j < k; ++j) {
-      held[j] = o.pool->allocate();
-      keep(held[j]);
-    }
-    for (std::uint64_t j = 0; j < k; ++j) o.pool->deallocate(held[j]);
-    done += k;
-  }
+  in_bursts(n, pool_objects{objects().pool});
 }
 
-void percpu_bench_loop_malloc_burst(std::uint64_t n) {
-  void* held[kBurst];
-  for (std::uint64_t done = 0; done < n;) {
-    const std::uint64_t k = std::min(kBurst, n - done);
-    for (std::uint64_t j = 0; j < k; ++j) {
-      held[j] = std::malloc(kObjectSize);
-      keep(held[j]);
-    }
-    for (std::uint64_t j = 0; j < k; ++j) std::free(held[j]);
-    done += k;
-  }
-}
+void percpu_bench_loop_malloc_burst(std::uint64_t n) { in_bursts(n, malloc_objects{}); }
 
 void percpu_bench_loop_object_pool_handoff(std::uint64_t n) {
-  percpu::object_pool* pool = objects().pool;
-  handoff(
-      n,
-      [pool] {
-        void* p = pool->allocate();
-        keep(p);
-        return p;
-      },
-      [pool](void* p) { pool->deallocate(p); });
+  handoff(n, pool_objects{objects().pool});
 }
 
-void percpu_bench_loop_malloc_handoff(std::uint64_t n) {
-  handoff(
-      n,
-      [] {
-        void* p = std::malloc(kObjectSize);
-        keep(p);
-        return p;
-      },
-      [](void* p) { std::free(p); });
-}
+void percpu_bench_loop_malloc_handoff(std::uint64_t n) { handoff(n, malloc_objects{}); }
 
 void percpu_bench_loop_shared_mutex(std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) {
