@@ -99,7 +99,8 @@ free_list_node* free_list::take_all() noexcept {
     last = as_node(chain);
     while (last->next != nullptr) last = last->next;
   };
-  lists_.drain(internal::kListLockTries, append);
+  // A free_list never writes a thread's spare word, so none is handed over.
+  lists_.drain(internal::kListLockTries, append, [](std::intptr_t) {});
   if (const std::intptr_t chain = lists_.overflow_take_all()) append(chain);
   if (internal::tsan_present()) {
     for (free_list_node* n = first; n != nullptr; n = n->next) internal::tsan_acquire(n);

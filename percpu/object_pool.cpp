@@ -29,10 +29,10 @@ constexpr std::size_t kDefaultCacheBytes = 16384;
 constexpr std::size_t kMinDefaultCapacity = 8;
 constexpr std::size_t kMaxDefaultCapacity = 128;
 constexpr int kTrimTries = 64;
-// A thread's own cache (a thread without rseq) holds what a CPU's cache and
-// its spares hold together: it has no spares, and one deep list costs such
-// a thread nothing more per operation, since no section re-checks its depth.
-constexpr std::intptr_t kOwnCacheCapacities = 1 + internal::kSpares;
+// A thread's own cache (a thread without rseq) has as many spares as a
+// CPU's: see "a thread's own spares" below.
+constexpr int kOwnSpares = internal::kSpares;
+static_assert(kOwnSpares == 2, "set_aside_own keeps the newer spare, lets the older go");
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -359,7 +359,8 @@ std::size_t object_pool::spare_on(int cpu) const noexcept {
 std::size_t object_pool::cached_by_threads() const noexcept {
   std::size_t sum = 0;
   for (int i = 0; i < lists_.thread_limit(); ++i) {
-    sum += static_cast<std::size_t>(depth_of(lists_.thread_head_of(i)));
+    sum += static_cast<std::size_t>(depth_of(lists_.thread_head_of(i))) +
+           own_spare_objects(lists_.thread_spare_of(i));
   }
   return sum;
 }
@@ -439,8 +440,11 @@ void* object_pool::allocate_slow() noexcept {
   // aborted (the ladder tries again, a bounded number of times), or found
   // the cache empty or locked (then this fails at once too); or this is a
   // thread's first operation without rseq.
-  std::intptr_t popped =
-      internal::t_section_state == internal::section_user::no_rseq ? lists_.pop_own() : 0;
+  std::intptr_t popped = 0;
+  if (internal::t_section_state == internal::section_user::no_rseq) {
+    popped = lists_.pop_own();
+    if (__builtin_expect(popped == 0, 0)) popped = pop_own_spare();
+  }
   if (popped != 0 || (popped = lists_.pop_home(internal::section_area())) != 0) {
     if (checks_) check_allocate(reinterpret_cast<void*>(popped));
     return reinterpret_cast<void*>(popped);
@@ -501,7 +505,7 @@ void* object_pool::allocate_refill() noexcept {
 void object_pool::deallocate_slow(node* n, bool has_sections) noexcept {
   if (!has_sections && lists_.on_own_list([&](std::intptr_t* head) {
         const std::intptr_t depth = depth_of(*head);
-        if (depth >= kOwnCacheCapacities * capacity_) return false;
+        if (depth >= capacity_) return false;
         n->next = reinterpret_cast<node*>(*head);
         n->depth = depth + 1;
         *head = reinterpret_cast<std::intptr_t>(n);
@@ -524,11 +528,12 @@ void object_pool::deallocate_slow(node* n, bool has_sections) noexcept {
 // lock is let go: a magazine is as cheap to move as a batch, and moving
 // the most the CPU can spare keeps it off the depot longest. Where the
 // CPU's lock is busy, a batch is popped a section per object instead. A
-// thread without rseq uses its own cache (as deep as a CPU's cache and
-// spares) or its hint CPU's (the ladder's steps 2 and 3), without spares:
-// there the cache's top batch goes to the depot (the depths below stay
-// right, since they count from the bottom). On the depot when no cache can
-// be had now. The depot is only reached once no list is held (R1).
+// thread without rseq does the same on its own cache, with its own spares
+// (set_aside_own); on its hint CPU's cache, locked (the ladder's step 3),
+// there are no spares, and the cache's top batch goes to the depot (the
+// depths below stay right, since they count from the bottom). On the depot
+// when no cache can be had now. The depot is only reached once no list is
+// held (R1).
 void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
   spill_batch spill;
   node* fallen = nullptr;  // the older spare that set_aside let go
@@ -538,8 +543,8 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
     *head = reinterpret_cast<std::intptr_t>(n);
     return true;
   };
-  auto shed_and_push = [&](std::intptr_t* head, std::intptr_t bound) {
-    if (depth_of(*head) >= bound) shed_batch(head, &spill);
+  auto shed_and_push = [&](std::intptr_t* head) {
+    if (depth_of(*head) >= capacity_) shed_batch(head, &spill);
     return push(head);
   };
   auto set_aside_and_push = [&](std::intptr_t* head, int cpu) {
@@ -555,15 +560,99 @@ void object_pool::deallocate_spill(node* n, bool has_sections) noexcept {
     cached = lists_.on_local_cpu_slot(area, set_aside_and_push);
     if (!cached) spill_in_sections(area, &spill);
   } else {
-    cached = lists_.on_own_list([&](std::intptr_t* head) {
-      return shed_and_push(head, kOwnCacheCapacities * capacity_);
-    }) || lists_.on_hint_cpu_list([&](std::intptr_t* head) {
-      return shed_and_push(head, capacity_);
-    });
+    cached = lists_.on_own_slot([&](internal::thread_slot* own) {
+      fallen = set_aside_own(own, n);
+      return true;
+    }) || lists_.on_hint_cpu_list(shed_and_push);
   }
   if (fallen != nullptr) depot_give(fallen, nullptr, fallen->depth);
   if (!cached) spill.push_front(n);
   if (spill.count > 0) depot_give(spill.first, spill.last, spill.count);
+}
+
+// ---- a thread's own spares ------------------------------------------------
+//
+// A thread without rseq keeps its spares as a CPU does (set aside whole when
+// its cache is full, taken back newest first when it runs empty, the older
+// let go whole to the depot), in the one word its slot has beside the
+// cache's head (internal/thread_slots.hpp): a stack of up to kOwnSpares
+// whole caches, each counting its depths from its bottom, linked as the
+// depot links its chains (chain_link). So its bursts of up to three
+// capacities stay in the thread, and what goes to the depot or comes from it
+// is a whole cache, never a walk. The stack is the thread's alone while it
+// is inside its slot; a trim() that revokes the slot takes it whole
+// (drain). The stores follow the order thread_slots.hpp's "Fork" asks
+// for: a cache leaves the word it was in before it joins the other.
+
+// The own cache `own` (entered) is full: set it aside as the newer spare
+// and start a new cache with n. Returns the older spare if both were in
+// use (the caller's now, a chain the depot takes as it is), else nullptr.
+// A cache that is not full (a signal handler took objects meanwhile) just
+// takes n.
+object_pool::node* object_pool::set_aside_own(internal::thread_slot* own, node* n) noexcept {
+  node* full = reinterpret_cast<node*>(internal::thread_slot_head(own));
+  const std::intptr_t depth = depth_of(reinterpret_cast<std::intptr_t>(full));
+  if (depth < capacity_) {
+    n->next = full;
+    n->depth = depth + 1;
+    internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(n));
+    return nullptr;
+  }
+  // The newer spare stays, below the cache set aside; the older, if in use,
+  // leaves the stack with one store.
+  node* newer = reinterpret_cast<node*>(internal::thread_slot_spare(own));
+  node* older = newer != nullptr ? chain_link(newer) : nullptr;
+  if (older != nullptr) {
+    set_chain_link(newer, static_cast<node*>(nullptr));
+    clear_chain_link(older);
+  }
+  n->next = nullptr;
+  n->depth = 1;
+  internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(n));
+  set_chain_link(full, newer);
+  internal::set_thread_slot_spare(own, reinterpret_cast<std::intptr_t>(full));
+  return older;
+}
+
+// A thread without rseq whose own cache ran empty: its newer spare becomes
+// the cache, whole, and its top is returned; 0 when it has no spare (or no
+// slot it can enter now).
+std::intptr_t object_pool::pop_own_spare() noexcept {
+  std::intptr_t popped = 0;
+  lists_.on_own_slot([&](internal::thread_slot* own) {
+    node* top = reinterpret_cast<node*>(internal::thread_slot_head(own));
+    if (top == nullptr) {  // else a signal handler freed onto it meanwhile
+      top = reinterpret_cast<node*>(internal::thread_slot_spare(own));
+      if (top == nullptr) return false;
+      internal::set_thread_slot_spare(own, reinterpret_cast<std::intptr_t>(chain_link(top)));
+      clear_chain_link(top);
+    }
+    internal::set_thread_slot_head(own, reinterpret_cast<std::intptr_t>(top->next));
+    popped = reinterpret_cast<std::intptr_t>(top);
+    return true;
+  });
+  return popped;
+}
+
+// The objects in the spare stack `top` (a thread's spare word), read racily
+// by cached_by_threads(): a link is followed only to an object of this pool,
+// so a stack changing meanwhile gives a wrong sum, never a wild read.
+std::size_t object_pool::own_spare_objects(std::intptr_t top) const noexcept {
+  std::size_t sum = 0;
+  node* c = reinterpret_cast<node*>(top);
+  for (int i = 0; i < kOwnSpares && c != nullptr && owns(c); ++i) {
+    const std::intptr_t depth = depth_of(reinterpret_cast<std::intptr_t>(c));
+    if (depth < 1 || depth > capacity_) break;
+    sum += static_cast<std::size_t>(depth);
+    node* second = __atomic_load_n(&c->next, __ATOMIC_RELAXED);
+    if (depth == 1) {
+      c = second;
+    } else {
+      c = owns(second) ? reinterpret_cast<node*>(depth_of(reinterpret_cast<std::intptr_t>(second)))
+                       : nullptr;
+    }
+  }
+  return sum;
 }
 
 // Moves the top batch of the list whose head is *head, held exclusively,
@@ -599,9 +688,17 @@ void object_pool::spill_in_sections(internal::rseq_area* area, spill_batch* spil
 
 std::size_t object_pool::trim() noexcept {
   std::size_t moved = 0;
-  lists_.drain(kTrimTries, [&](std::intptr_t head) {
-    moved += depot_give_list(reinterpret_cast<node*>(head));
-  });
+  lists_.drain(
+      kTrimTries,
+      [&](std::intptr_t head) { moved += depot_give_list(reinterpret_cast<node*>(head)); },
+      [&](std::intptr_t spares) {  // a thread's own spares, a stack of chains
+        for (node* c = reinterpret_cast<node*>(spares); c != nullptr;) {
+          node* next = chain_link(c);
+          clear_chain_link(c);
+          moved += depot_give_list(c);
+          c = next;
+        }
+      });
   if (depot_lock()) {
     moved += drain_overflow_locked();
     depot_unlock();

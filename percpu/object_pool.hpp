@@ -24,12 +24,13 @@
 // Without rseq
 //   A thread without rseq (seccomp, valgrind, qemu-user, a forced fallback)
 //   has a cache of its own in each pool, a thread slot
-//   (percpu/internal/thread_slots.hpp), bounded by what a CPU's cache and
-//   its two spares hold (three times the capacity), since it has no spares:
-//   allocate and deallocate there are plain loads and stores between a
+//   (percpu/internal/thread_slots.hpp), with two spares as a CPU's cache
+//   has: allocate and deallocate there are plain loads and stores between a
 //   "busy" store and a check that no other thread revoked the slot, with no
 //   atomic instruction and no system call, the way a malloc's thread cache
-//   works. A cache that runs empty or full exchanges a batch with the depot. trim() revokes
+//   works. A full cache is set aside whole, an empty one takes the newer
+//   spare back, and beyond the spares whole caches go to and come from the
+//   depot, as with rseq. trim() revokes
 //   these caches with one membarrier system call each; fork() writes
 //   nothing to them and waits only for a trim() moving one. Where the
 //   membarrier command is missing, or beyond the thread slots' number of live
@@ -62,7 +63,8 @@
 //   lock, on percpu's per-CPU memory, internal/stride_arena.hpp: a CPU that
 //   never touches a pool costs it nothing, so a possible list of 0-4095
 //   costs what 0-1 does), plus 32
-//   bytes for each thread without rseq that used it (its cache's head, on
+//   bytes for each thread without rseq that used it (its cache's head, its
+//   spares' word, its busy, revoked and lock words, on
 //   percpu's memory laid out by thread index, internal/thread_slots.hpp),
 //   plus the objects: 256 KiB chunks, reserved, whose pages fill as objects
 //   are carved, the first with the chunk's header and bitmap. 300 pools of
@@ -173,9 +175,9 @@ class object_pool final : private internal::fork_participant {
   // Objects in CPU `cpu`'s spares (see "What it is for"), a racy snapshot
   // like cached_on(), never above twice cache_capacity().
   std::size_t spare_on(int cpu) const noexcept;
-  // Objects in the caches of threads without rseq (see "Without rseq"), a
-  // racy snapshot like cached_on(); each of those caches holds at most three
-  // times cache_capacity().
+  // Objects in the caches of threads without rseq and their spares (see
+  // "Without rseq"), a racy snapshot like cached_on(); each thread's cache
+  // and spares hold at most three times cache_capacity().
   std::size_t cached_by_threads() const noexcept;
   // Whether `p` points at an object slot of this pool (allocated or not).
   bool owns(const void* p) const noexcept;
@@ -222,6 +224,10 @@ class object_pool final : private internal::fork_participant {
   PERCPU_LOCAL __attribute__((noinline)) void deallocate_spill(node* n, bool has_sections) noexcept;
   PERCPU_LOCAL __attribute__((noinline)) void spill_in_sections(internal::rseq_area* area,
                                                                 spill_batch* spill) noexcept;
+  PERCPU_LOCAL __attribute__((noinline)) node* set_aside_own(internal::thread_slot* own,
+                                                             node* n) noexcept;
+  PERCPU_LOCAL __attribute__((noinline)) std::intptr_t pop_own_spare() noexcept;
+  PERCPU_LOCAL std::size_t own_spare_objects(std::intptr_t top) const noexcept;
   PERCPU_LOCAL bool push_chain_home(node* first, std::intptr_t count) noexcept;
   PERCPU_LOCAL __attribute__((noinline)) void shed_batch(std::intptr_t* head,
                                                          spill_batch* spill) noexcept;

@@ -133,8 +133,8 @@ struct expose_object_pool_lists {
 template struct expose_object_pool_lists<&object_pool::lists_>;
 const void* thread_words(const object_pool& p) { return lists_of(p).thread_words(); }
 // Whether this thread, without rseq, has a cache of its own in `p`
-// (object_pool.hpp, "Without rseq"): three capacities deep, where a CPU's
-// cache it locks holds one.
+// (object_pool.hpp, "Without rseq"), with two spares, where a CPU's cache
+// it locks has none.
 bool uses_own_cache(const object_pool& p) {
   return !uses_spares() && lists_of(p).own_thread_slot() != nullptr;
 }
@@ -319,11 +319,11 @@ TEST(ObjectPoolTest, CachesAreBoundedAndReuseIsLocal) {
 // next allocation finds it, and makes room: with rseq, by setting the whole
 // cache aside as its CPU's newer spare (the newer becoming the older), and
 // once both spares are in use by giving the depot the older one whole;
-// without rseq by giving the depot exactly one batch, the cache's top one,
-// once the cache holds its bound (three capacities for a thread's own, one
-// for a CPU's it locks). In every mode, whether the cache is the CPU's
-// (locked from a section with rseq, or under its lock without) or the
-// thread's own.
+// and the same on a thread's own cache without rseq, which has two spares
+// too; on a CPU's cache locked by a thread without rseq (no spares), by
+// giving the depot exactly one batch, the cache's top one. In every mode,
+// whether the cache is the CPU's (locked from a section with rseq, or under
+// its lock without) or the thread's own.
 TEST(ObjectPoolTest, AFreeOntoAFullCacheSetsItAsideOrGivesTheDepotABatch) {
   const std::vector<int> saved = stress::allowed_cpus();
   ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
@@ -362,12 +362,24 @@ TEST(ObjectPoolTest, AFreeOntoAFullCacheSetsItAsideOrGivesTheDepotABatch) {
     full = 48;
     room = 16;
   } else if (uses_own_cache(pool)) {
-    // A thread's own cache holds three capacities before it sheds a batch.
+    // A thread's own cache sets itself aside as a CPU's does, beside the
+    // head in its slot's spare word, and holds three capacities, its two
+    // spares full, before the older spare goes to the depot whole.
     const std::size_t depot = pool.depot_objects();
+    void* next = objects[frees++];
+    pool.deallocate(next);
+    EXPECT_EQ(pool.depot_objects(), depot) << "a full own cache with no spare reached the depot";
+    EXPECT_EQ(pool.cached_by_threads(), 17u);
+    EXPECT_NE(lists_of(pool).thread_spare_of(internal::thread_index()), 0)
+        << "the full own cache was not set aside";
+    void* again = pool.allocate();
+    EXPECT_EQ(again, next) << "the freed object did not stay on the own cache";
+    pool.deallocate(again);
     while (cached_total(pool) < 48 && frees < objects.size()) pool.deallocate(objects[frees++]);
     ASSERT_EQ(pool.cached_by_threads(), 48u) << "the thread's own cache did not fill";
     EXPECT_EQ(pool.depot_objects(), depot) << "the thread's own cache shed before three capacities";
     full = 48;
+    room = 16;
   }
   const std::size_t depot = pool.depot_objects();
   pool.deallocate(last);
@@ -472,6 +484,68 @@ TEST(ObjectPoolTest, BurstsOfThreeTimesTheCapacityStayWhereTheyWereFreed) {
   internal::force_locked_path_for_this_thread(true);
   bursts_of_three_capacities(lock_refused);
   internal::force_locked_path_for_this_thread(false);
+}
+
+// Beyond what a cache and its spares hold, a thread trades whole caches
+// with the depot, never batches or single objects: frees past three
+// capacities give the depot one cache per capacity freed, the older spare
+// whole, and allocations past them take one back per capacity, a chain the
+// depot keeps as it came, carving nothing. With rseq on the CPU's cache and
+// spares, without it on the thread's own; a CPU's cache locked without
+// rseq has no spares (its batches: BurstsOfThreeTimesTheCapacity...).
+TEST(ObjectPoolTest, BeyondTheSparesWholeCachesGoToTheDepotAndComeBack) {
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
+  for (unsigned i = 0; i < internal::kCpuHintUses; ++i) (void)internal::cpu_hint();
+  object_pool::options o = checked(48);
+  o.cache_capacity = 16;
+  o.batch = 8;
+  object_pool pool(o);
+  const bool spares = uses_spares();
+  const bool own = uses_own_cache(pool);
+  if (!spares && !own) {
+    stress::restrict_to(saved);
+    GTEST_SKIP() << "this thread locks a CPU's cache, which has no spares here: batches";
+  }
+  std::printf("BeyondTheSparesWholeCachesGoToTheDepotAndComeBack: checked %s\n",
+              spares ? "a CPU's cache and spares (rseq)" : "a thread's own cache (no rseq)");
+  constexpr std::size_t kObjects = 10 * 16;
+  std::vector<void*> held;
+  while (held.size() < kObjects || cached_total(pool) != 0) {
+    void* p = pool.allocate();
+    ASSERT_NE(p, nullptr);
+    held.push_back(p);
+  }
+  std::vector<void*> burst(held.end() - kObjects, held.end());
+  held.resize(held.size() - kObjects);
+  const std::size_t carved = pool.carved_objects();
+  std::vector<long> steps;  // each change of depot_objects(), in order
+  auto note = [&](std::size_t before) {
+    const long change = static_cast<long>(pool.depot_objects()) - static_cast<long>(before);
+    if (change != 0) steps.push_back(change);
+  };
+  for (void* p : burst) {
+    const std::size_t before = pool.depot_objects();
+    pool.deallocate(p);
+    note(before);
+  }
+  EXPECT_EQ(steps, std::vector<long>((kObjects - 48) / 16, 16))
+      << "frees past a cache and two spares did not give the depot whole caches";
+  EXPECT_EQ(cached_total(pool), 48u);
+  steps.clear();
+  for (std::size_t i = kObjects; i-- > 0;) {
+    const std::size_t before = pool.depot_objects();
+    void* p = pool.allocate();
+    note(before);
+    ASSERT_EQ(p, burst[i]) << "object " << i << " out of order";
+  }
+  EXPECT_EQ(steps, std::vector<long>((kObjects - 48) / 16, -16))
+      << "allocations past the spares did not take whole caches back";
+  EXPECT_EQ(pool.carved_objects(), carved);
+  for (void* p : burst) pool.deallocate(p);
+  for (void* p : held) pool.deallocate(p);
+  stress::restrict_to(saved);
+  expect_all_home(pool);
 }
 
 TEST(ObjectPoolTest, TrimRefusesCachesItCannotFence) {

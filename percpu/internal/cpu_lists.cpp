@@ -88,7 +88,7 @@ std::intptr_t cpu_lists::drain_cpu(int cpu, int tries, std::intptr_t (&spares)[k
   return 0;
 }
 
-std::intptr_t cpu_lists::drain_thread(int index, int tries) noexcept {
+std::intptr_t cpu_lists::drain_thread(int index, int tries, std::intptr_t* spare) noexcept {
   thread_slot* ts = thread_slot_at(thread_slots_, index);
   for (int t = 0; t < tries; ++t) {
     const lock_result r = lock_thread_slot(ts);
@@ -96,6 +96,8 @@ std::intptr_t cpu_lists::drain_thread(int index, int tries) noexcept {
     if (r == lock_result::acquired) {
       const std::intptr_t head = thread_slot_head(ts);
       if (head != 0) set_thread_slot_head(ts, 0);
+      *spare = thread_slot_spare(ts);
+      if (*spare != 0) set_thread_slot_spare(ts, 0);
       unlock_thread_slot(ts);
       return head;
     }

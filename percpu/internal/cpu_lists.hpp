@@ -49,6 +49,11 @@
 //   spares with their lists. The spares are why a slot takes 32 bytes of
 //   per-CPU memory, not 16: a flag saying which owners want them would
 //   change the layout of the public classes that hold a cpu_lists.
+//   A thread's slot has one spare word (thread_slot_with_spare), which the owner
+//   reads and writes inside on_own_slot() in an order of its choosing
+//   (thread_slots.hpp, "Fork"), and whose meaning is the owner's alone (the
+//   pool: a stack of whole caches, linked as its depot links them): drain()
+//   hands it over as it is, to a callback of its own.
 // Fork
 //   before_fork / after_fork are the lists' part of their owner's
 //   fork_participant handlers: they wait for lockers without writing them
@@ -165,6 +170,14 @@ class cpu_lists {
   // common cases (a section, the thread's own list) keep a small frame.
   template <class Exclusive>
   bool on_own_list(Exclusive&& exclusive) noexcept;
+  // Step 2 for work on the thread's own slot as a whole, its list and its
+  // spare word: `exclusive(slot)` while the slot is the thread's (entered,
+  // not revoked), reading and writing both through thread_slot_head() /
+  // thread_slot_spare() and their setters. False when the thread has no
+  // slot or could not enter it (`exclusive` did not run), or when
+  // `exclusive` said so.
+  template <class Exclusive>
+  bool on_own_slot(Exclusive&& exclusive) noexcept;
   template <class Exclusive>
   __attribute__((noinline)) bool on_hint_cpu_list(Exclusive&& exclusive) noexcept;
   // Step 1 for work one section cannot do: `exclusive(&head, cpu)` on the
@@ -204,10 +217,12 @@ class cpu_lists {
   [[nodiscard]] std::intptr_t take_from_thread(int index, long batch, std::intptr_t* last) noexcept;
   // Empties every list it can lock within `tries` tries each (yielding the
   // CPU between tries) and hands each non-empty one to `each(head)`, each
-  // of a CPU's spares as a list of its own; lists that stay busy, or cannot be
-  // fenced, keep their nodes. The overflow stack is the caller's.
-  template <class Each>
-  void drain(int tries, Each&& each) noexcept;
+  // of a CPU's spares as a list of its own, and each thread's non-zero
+  // spare word to `each_thread_spare(word)` (see "Spares"); lists that stay
+  // busy, or cannot be fenced, keep their nodes. The overflow stack is the
+  // caller's.
+  template <class Each, class EachThreadSpare>
+  void drain(int tries, Each&& each, EachThreadSpare&& each_thread_spare) noexcept;
 
   // Racy peeks, for walks and diagnostics: CPU `cpu`'s head (kSlotLocked
   // while locked), and thread index `index`'s (index < thread_limit()).
@@ -220,6 +235,9 @@ class cpu_lists {
   }
   [[nodiscard]] std::intptr_t thread_head_of(int index) const noexcept {
     return thread_slot_head(thread_slot_at(thread_slots_, index));
+  }
+  [[nodiscard]] std::intptr_t thread_spare_of(int index) const noexcept {
+    return thread_slot_spare(thread_slot_at(thread_slots_, index));
   }
   // Every thread index whose list may hold nodes is below it (0 without
   // thread slots).
@@ -245,7 +263,8 @@ class cpu_lists {
   // Empties CPU `cpu`'s list, and its spares into spares[].
   [[nodiscard]] std::intptr_t drain_cpu(int cpu, int tries,
                                         std::intptr_t (&spares)[kSpares]) noexcept;
-  [[nodiscard]] std::intptr_t drain_thread(int index, int tries) noexcept;
+  // Empties thread index `index`'s list, and its spare word into *spare.
+  [[nodiscard]] std::intptr_t drain_thread(int index, int tries, std::intptr_t* spare) noexcept;
 
   // CPU 0's slot on the per-CPU memory (stride_arena.hpp); CPU c's is
   // slot_of(c). All zero when made: every list empty, no locker.
@@ -272,6 +291,15 @@ bool cpu_lists::on_own_list(Exclusive&& exclusive) noexcept {
   const std::intptr_t before = head;
   const bool done = exclusive(&head);
   if (head != before) set_thread_slot_head(own, head);
+  thread_slot_leave(own);
+  return done;
+}
+
+template <class Exclusive>
+bool cpu_lists::on_own_slot(Exclusive&& exclusive) noexcept {
+  thread_slot* own = own_thread_slot();
+  if (own == nullptr || !thread_slot_enter(own)) return false;
+  const bool done = exclusive(own);
   thread_slot_leave(own);
   return done;
 }
@@ -341,8 +369,8 @@ inline bool cpu_lists::push_home(rseq_area* area, std::intptr_t first,
       });
 }
 
-template <class Each>
-void cpu_lists::drain(int tries, Each&& each) noexcept {
+template <class Each, class EachThreadSpare>
+void cpu_lists::drain(int tries, Each&& each, EachThreadSpare&& each_thread_spare) noexcept {
   for (int cpu = 0; cpu < count_; ++cpu) {
     // Peek first: an empty list is not worth a lock, and a CPU that never
     // touched it keeps its page unfilled.
@@ -354,8 +382,10 @@ void cpu_lists::drain(int tries, Each&& each) noexcept {
     }
   }
   for (int i = 0; i < thread_limit(); ++i) {
-    if (thread_head_of(i) == 0) continue;
-    if (const std::intptr_t head = drain_thread(i, tries)) each(head);
+    if (thread_head_of(i) == 0 && thread_spare_of(i) == 0) continue;
+    std::intptr_t spare = 0;
+    if (const std::intptr_t head = drain_thread(i, tries, &spare)) each(head);
+    if (spare != 0) each_thread_spare(spare);
   }
 }
 

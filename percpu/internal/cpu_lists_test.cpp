@@ -86,7 +86,8 @@ TEST(CpuListsTest, NewListsAreEmpty) {
   EXPECT_EQ(lists.pop_home(section_area()), 0);
   EXPECT_EQ(lists.overflow_pop(), 0);
   int handed = 0;
-  lists.drain(kListLockTries, [&](std::intptr_t) { ++handed; });
+  lists.drain(
+      kListLockTries, [&](std::intptr_t) { ++handed; }, [&](std::intptr_t) { ++handed; });
   EXPECT_EQ(handed, 0);
 }
 
@@ -285,7 +286,8 @@ TEST(CpuListsTest, RemoteTakesCutABatchFromTheTop) {
   }));
 }
 
-// drain hands over every non-empty list once, whole, and leaves it empty; a
+// drain hands over every non-empty list once, whole, and leaves it empty,
+// and a thread's spare word as it is, to its own callback, leaving 0; a
 // list locked meanwhile (by this thread's frame here) keeps its nodes.
 TEST(CpuListsTest, DrainEmptiesEveryListItCanLock) {
   if (fence_missing()) GTEST_SKIP() << "sections run and membarrier cannot fence: no lock";
@@ -296,24 +298,40 @@ TEST(CpuListsTest, DrainEmptiesEveryListItCanLock) {
   std::vector<node> own(2);
   link(own);
   const bool has_own = lists.own_thread_slot() != nullptr;
+  node spare_word{};  // only its address matters: drain must not read it
   if (has_own) {
     ASSERT_TRUE(lists.at_home(nullptr, no_section, [&](std::intptr_t* h) {
       *h = word(&own[0]);
       return true;
     }));
+    ASSERT_TRUE(lists.on_own_slot([&](thread_slot* slot) {
+      EXPECT_EQ(thread_slot_head(slot), word(&own[0]));
+      set_thread_slot_spare(slot, word(&spare_word));
+      return true;
+    }));
+    EXPECT_EQ(lists.thread_spare_of(thread_index()), word(&spare_word));
   }
   const int busy = 0;
   std::intptr_t held = 0;
   ASSERT_EQ(lock_slot(lists.slot_of(busy), busy, &held), lock_result::acquired);
   std::set<std::intptr_t> handed;
   int lists_handed = 0;
-  lists.drain(kListLockTries, [&](std::intptr_t head) {
-    ++lists_handed;
-    for (node* n = as_node(head); n != nullptr; n = n->next) {
-      EXPECT_TRUE(handed.insert(word(n)).second) << "node " << n->id << " handed twice";
-    }
-  });
+  std::vector<std::intptr_t> spares_handed;
+  lists.drain(
+      kListLockTries,
+      [&](std::intptr_t head) {
+        ++lists_handed;
+        for (node* n = as_node(head); n != nullptr; n = n->next) {
+          EXPECT_TRUE(handed.insert(word(n)).second) << "node " << n->id << " handed twice";
+        }
+      },
+      [&](std::intptr_t spare) { spares_handed.push_back(spare); });
   EXPECT_EQ(lists_handed, count - 1 + (has_own ? 1 : 0));
+  EXPECT_EQ(spares_handed,
+            has_own ? std::vector<std::intptr_t>{word(&spare_word)} : std::vector<std::intptr_t>{});
+  if (has_own) {
+    EXPECT_EQ(lists.thread_spare_of(thread_index()), 0);
+  }
   EXPECT_EQ(handed.size(), static_cast<std::size_t>(3 * (count - 1) + (has_own ? 2 : 0)));
   for (int cpu = 1; cpu < count; ++cpu) EXPECT_EQ(lists.head_of(cpu), 0) << cpu;
   for (int i = 0; i < lists.thread_limit(); ++i) EXPECT_EQ(lists.thread_head_of(i), 0) << i;
@@ -385,10 +403,14 @@ TEST(CpuListsTest, ForkKeepsEveryListAndTheForkingFramesLock) {
   if (pid == 0) {
     lists.after_fork(true);
     int nodes = 0;
-    lists.drain(kListLockTries, [&](std::intptr_t head) { nodes += ids_of(head).size(); });
+    lists.drain(
+        kListLockTries, [&](std::intptr_t head) { nodes += ids_of(head).size(); },
+        [](std::intptr_t) {});
     const bool held_kept = lists.head_of(held_cpu) == kSlotLocked;
     unlock_slot(lists.slot_of(held_cpu), held);
-    lists.drain(kListLockTries, [&](std::intptr_t head) { nodes += ids_of(head).size(); });
+    lists.drain(
+        kListLockTries, [&](std::intptr_t head) { nodes += ids_of(head).size(); },
+        [](std::intptr_t) {});
     _exit(nodes == 2 * count && held_kept ? 0 : 1);
   }
   lists.after_fork(false);

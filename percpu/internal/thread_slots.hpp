@@ -60,7 +60,10 @@
 //   Nothing is written before a fork. Every owner update of a slot's head is
 //   one store (the nodes it links are written before it), so the child sees
 //   the head before or after it, a whole list either way; owners need not
-//   be stopped. Lockers, which move nodes in several steps, must be: the
+//   be stopped. An owner that moves nodes between its head and its spare
+//   word stores first the word they leave, then the one they join, so the
+//   child may miss them (lost to it, as a batch a thread was carrying), but
+//   never finds them in both. Lockers, which move nodes in several steps, must be: the
 //   fork registry's hold on every flag (begin_fork_flags in cpu_slots.hpp)
 //   keeps new lockers out, lock_thread_slot checking it again after it took
 //   the flag, and wait_for_thread_slot_lockers waits, reading only, for
@@ -88,10 +91,22 @@ struct thread_slot {
   int locker;          // a flag (cpu_slots.hpp)
 };
 
+// A slot with the word after it in its 32-byte object: a word the structure
+// keeps beside its list, under the same protocol as head, 0 in a new slot
+// (object_pool's spares, object_pool.cpp; unused by the other structures).
+// Outside thread_slot, as cpu_slot_spare is outside cpu_slot_words
+// (cpu_lists.hpp), so that the type public classes point to keeps the
+// layout compiled programs were built with.
+struct thread_slot_with_spare {
+  thread_slot slot;
+  std::intptr_t spare;
+};
+static_assert(offsetof(thread_slot_with_spare, slot) == 0, "a slot with its spare is a slot");
+
 // An object of the thread-index memory's 32-byte class. Two indexes' slots
 // are kStride apart, so never on one cache line; one index's slots of
 // several structures may be, which only the remote paths write.
-static_assert(sizeof(thread_slot) <= 32, "a thread's slot in the 32-byte class");
+static_assert(sizeof(thread_slot_with_spare) <= 32, "a thread's slot in the 32-byte class");
 
 // Index `index`'s slot of the structure whose slots begin at `copies`.
 [[nodiscard]] inline thread_slot* thread_slot_at(thread_slot* copies, int index) noexcept {
@@ -104,6 +119,15 @@ static_assert(sizeof(thread_slot) <= 32, "a thread's slot in the 32-byte class")
 }
 inline void set_thread_slot_head(thread_slot* slot, std::intptr_t head) noexcept {
   __atomic_store_n(&slot->head, head, __ATOMIC_RELAXED);
+}
+// Its spare word (see thread_slot_with_spare).
+[[nodiscard]] inline std::intptr_t thread_slot_spare(const thread_slot* slot) noexcept {
+  return __atomic_load_n(&reinterpret_cast<const thread_slot_with_spare*>(slot)->spare,
+                         __ATOMIC_RELAXED);
+}
+inline void set_thread_slot_spare(thread_slot* slot, std::intptr_t spare) noexcept {
+  __atomic_store_n(&reinterpret_cast<thread_slot_with_spare*>(slot)->spare, spare,
+                   __ATOMIC_RELAXED);
 }
 
 // The calling thread's index in [0, kThreadSlots), or -1.
