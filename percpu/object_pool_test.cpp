@@ -548,6 +548,52 @@ TEST(ObjectPoolTest, BeyondTheSparesWholeCachesGoToTheDepotAndComeBack) {
   expect_all_home(pool);
 }
 
+// trim() gives the depot chains no longer than a cache, whatever it takes
+// them from (a CPU's cache and spares, a thread's own cache and its spare
+// stack, a CPU's cache a thread locked): a refill then takes one whole, as a
+// CPU's cache can hold it. A longer chain would come back from every refill
+// but one object, two depot locks per allocation until it was used up.
+TEST(ObjectPoolTest, TrimGivesTheDepotChainsARefillTakesWhole) {
+  const std::vector<int> saved = stress::allowed_cpus();
+  ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
+  for (unsigned i = 0; i < internal::kCpuHintUses; ++i) (void)internal::cpu_hint();
+  object_pool::options o = checked(48);
+  o.cache_capacity = 16;
+  o.batch = 8;
+  object_pool pool(o);
+  constexpr std::size_t kBurst = 48;
+  std::vector<void*> held;
+  while (held.size() < kBurst || cached_total(pool) != 0) {
+    void* p = pool.allocate();
+    ASSERT_NE(p, nullptr);
+    held.push_back(p);
+  }
+  for (std::size_t i = 0; i < kBurst; ++i) {
+    pool.deallocate(held.back());
+    held.pop_back();
+  }
+  const std::size_t cached = cached_total(pool);
+  ASSERT_GT(cached, 0u);
+  if (fence_missing()) {
+    std::printf(
+        "TrimGivesTheDepotChainsARefillTakesWhole: checked that trim() leaves CPU "
+        "caches it cannot fence\n");
+    EXPECT_EQ(pool.trim(), 0u);
+  } else {
+    std::printf("TrimGivesTheDepotChainsARefillTakesWhole: checked %zu cached objects\n", cached);
+    EXPECT_EQ(pool.trim(), cached);
+    ASSERT_EQ(cached_total(pool), 0u);
+    const std::size_t depot = pool.depot_objects();
+    held.push_back(pool.allocate());
+    EXPECT_EQ(pool.depot_objects(), depot - 16)
+        << "the first refill after trim() did not take one cache's worth whole";
+    EXPECT_EQ(cached_total(pool), 15u);
+  }
+  for (void* p : held) pool.deallocate(p);
+  stress::restrict_to(saved);
+  expect_all_home(pool);
+}
+
 TEST(ObjectPoolTest, TrimRefusesCachesItCannotFence) {
   const std::vector<int> saved = stress::allowed_cpus();
   ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
