@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 
@@ -43,7 +44,15 @@ namespace {
 // every share 0, nothing folded, nobody busy. Only copies that a CPU or a
 // thread writes ever fill a page.
 ref::ref(release_function release, void* context) noexcept
-    : count_(kBias + 1), release_(release), context_(context) {
+    : release_(release), context_(context), count_(kBias + 1) {
+  // ref.hpp, beside the fields: no cache line holds both count_ and a field
+  // the inline paths read, for a ref at any address aligned as it must be.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winvalid-offsetof"
+  static_assert(offsetof(ref, slots_) < offsetof(ref, killed_) &&
+                    offsetof(ref, count_) >= offsetof(ref, killed_) + 64,
+                "count_ a cache line past the fields the inline paths read");
+#pragma GCC diagnostic pop
   const int count = max_cpus();
   slots_ = static_cast<slot_words*>(internal::stride_arena_for(sizeof(slot_words)).allocate());
   if (slots_ != nullptr) {

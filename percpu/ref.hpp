@@ -21,7 +21,9 @@
 //   (percpu/internal/thread_slots.hpp): a plain add between a "busy" store and a
 //   check that kill() has not begun, no atomic instruction, no system call.
 //   kill() stops every thread's word with one membarrier PRIVATE_EXPEDITED,
-//   waits for the threads inside one, and folds the words in. Where that
+//   waits for the threads inside one, and folds the words in; from then on
+//   such a thread's get() and put() are the atomic count's one
+//   read-modify-write, inline, as a registered thread's are. Where that
 //   command is missing,
 //   or beyond the thread slots' number of live threads, such a thread adds
 //   to an atomic word in the slot of a CPU it ran on recently (one
@@ -34,13 +36,15 @@
 //   the single atomic count; still exact.
 //
 // Memory
-//   The ref itself (80 bytes), plus 32 bytes per possible CPU and 32 per
+//   The ref itself (104 bytes, 28 of them a gap that keeps the count,
+//   which every get() and put() writes after kill(), off the cache line
+//   holding what they read first), plus 32 bytes per possible CPU and 32 per
 //   thread without rseq that used it: its words come from percpu's per-CPU
 //   memory (internal/stride_arena.hpp, one copy per CPU) and from memory
 //   laid out the same way by thread index (internal/thread_slots.hpp), so a
 //   CPU or a thread that never touches a ref costs it nothing, and no two
 //   CPUs' or threads' words share a cache line. 100,000 refs, each taken,
-//   dropped and killed once on a 2-CPU machine with rseq, take about 150
+//   dropped and killed once on a 2-CPU machine with rseq, take about 175
 //   bytes each, where each took a page of its own before.
 //   kill() writes every possible CPU's words (it takes them for good), so a
 //   killed ref costs 32 bytes per possible CPU even where only some CPUs
@@ -163,20 +167,28 @@ class ref : private internal::fork_participant {
   void before_fork() noexcept override;
   void after_fork(bool child) noexcept override;
 
+  // The fields get() and put() read inline, side by side at the start, and
+  // count_ at least a cache line after the last of them, wherever the ref
+  // sits (ref.cpp checks the distance): after kill() every get() and put()
+  // writes count_, and a thread whose first access to count_'s line were a
+  // read (the slots pointer, killed_) would fetch that line twice per
+  // operation, shared and then owned, where the atomic it replaces fetches
+  // it once.
   slot_words* slots_ = nullptr;  // CPU 0's copy; nullptr when no memory could be mapped
+  std::atomic<std::uint8_t> killed_{0};
+  std::atomic<std::uint8_t> released_{0};
+  bool rseq_on_slots_ = false;
+  int slot_count_ = 0;  // max_cpus(), or 0 without slots
   // The threads' words (internal/thread_slots.hpp), one copy per thread
   // index, for threads without rseq (head: the thread's share of the count,
   // until killed_), or nullptr where thread slots are not usable or could
   // not be mapped.
   internal::thread_slot* thread_slots_ = nullptr;
-  std::atomic<std::int64_t> count_;
   release_function release_;
   void* context_;
-  int slot_count_ = 0;   // max_cpus(), or 0 without slots
-  int kill_busy_ = 0;    // a flag (cpu_slots.hpp): held while kill() runs and across fork
-  std::atomic<std::uint8_t> killed_{0};
-  std::atomic<std::uint8_t> released_{0};
-  bool rseq_on_slots_ = false;
+  int kill_busy_ = 0;  // a flag (cpu_slots.hpp): held while kill() runs and across fork
+  [[maybe_unused]] unsigned char count_line_gap_[28] = {};
+  std::atomic<std::int64_t> count_;
 };
 
 // The hot path: a started compare-and-store of the CPU's rseq word
@@ -206,16 +218,18 @@ inline ref::local_result ref::add_local(std::intptr_t step) noexcept {
              : local_result::other;
 }
 
-// After kill(), a registered thread finds its CPU's word locked and adds to
-// the count inline, one atomic as the kernel's percpu_ref after its kill:
-// an add there is right at any time (ref.cpp, add_slow), and killed_ set
-// means the slots are being folded or are folded. Before kill() a locked
-// word (sections kept off the slots) goes to add_slow(), which keeps the
-// per-CPU atomic words.
+// After kill() every thread adds to the count inline, one atomic as the
+// kernel's percpu_ref after its kill: a registered thread once it finds its
+// CPU's word locked, a thread without rseq (or a ref without slots) at once.
+// An add there is right at any time (ref.cpp, add_slow), and killed_ set
+// means the slots are being folded or are folded; only reading it unset
+// needs the slow path's order. Before kill() a locked word (sections kept
+// off the slots) or no section goes to add_slow(), which keeps the per-CPU
+// atomic words and the threads' own words.
 inline void ref::get() noexcept {
   const local_result r = add_local(2);
   if (__builtin_expect(r == local_result::added, 1)) return;
-  if (r == local_result::word_locked && killed_.load(std::memory_order_relaxed) != 0) {
+  if (killed_.load(std::memory_order_relaxed) != 0) {
     const std::int64_t before = count_.fetch_add(1, std::memory_order_acq_rel);
     if (__builtin_expect(before > 0, 1)) return;
     count_reached(1, before + 1);  // a get after the release
@@ -231,7 +245,8 @@ inline void ref::get() noexcept {
 inline void ref::put() noexcept {
   const local_result r = add_local(-2);
   if (__builtin_expect(r == local_result::added, 1)) return;
-  if (r == local_result::word_locked && killed_.load(std::memory_order_relaxed) != 0) {
+  if (killed_.load(std::memory_order_relaxed) != 0) {
+    PERCPU_TSAN_RELEASE(this);  // where add_local left before its own
     const std::int64_t after = count_.fetch_sub(1, std::memory_order_acq_rel) - 1;
     if (__builtin_expect(after > 0, 1)) return;
     count_reached(-1, after);

@@ -64,6 +64,34 @@ TEST(RefTest, ReleaseRunsAfterTheLastPutOnly) {
   EXPECT_EQ(log.calls.load(), 1);
 }
 
+// After kill() get() and put() add to the count inline: a thread with rseq
+// once its CPU's word reads locked, one without (the fallback variant, and
+// here a thread forced off its sections) at once. Each moves the count by
+// exactly one, on this thread and on another, and the last put releases.
+TEST(RefTest, GetAndPutAfterKillMoveTheCountByOne) {
+  release_log log;
+  ref r(on_release, &log);
+  r.get();
+  r.kill();
+  ASSERT_EQ(r.count(), 1);
+  auto gets_and_puts = [&r] {
+    for (int i = 0; i < 100; ++i) r.get();
+    EXPECT_EQ(r.count(), 101);
+    for (int i = 0; i < 100; ++i) r.put();
+    EXPECT_EQ(r.count(), 1);
+  };
+  gets_and_puts();
+  std::thread([&] {
+    internal::force_locked_path_for_this_thread(true);
+    gets_and_puts();
+    internal::force_locked_path_for_this_thread(false);
+  }).join();
+  EXPECT_EQ(log.calls.load(), 0) << "released with a reference outstanding";
+  r.put();
+  EXPECT_EQ(log.calls.load(), 1);
+  EXPECT_EQ(r.count(), 0);
+}
+
 TEST(RefTest, KillWithNoOtherReferenceReleasesAtOnce) {
   release_log log;
   ref r(on_release, &log);

@@ -56,6 +56,7 @@ void percpu_bench_loop_std_shared_mutex(std::uint64_t n);
 void percpu_bench_loop_shared_mutex_write(std::uint64_t n);
 void percpu_bench_loop_std_shared_mutex_write(std::uint64_t n);
 void percpu_bench_loop_ref(std::uint64_t n);
+void percpu_bench_loop_killed_ref(std::uint64_t n);
 void percpu_bench_loop_atomic_refcount(std::uint64_t n);
 }
 
@@ -98,6 +99,14 @@ struct shared_objects {
   std::shared_mutex* std_shared_mutex = new std::shared_mutex;
   std::shared_mutex* std_shared_mutex_for_writes = new std::shared_mutex;
   percpu::ref* ref = new percpu::ref(nullptr);
+  // Killed, and kept alive by the reference taken before: every get and
+  // put goes to its atomic count, as after any kill().
+  percpu::ref* killed_ref = [] {
+    auto* r = new percpu::ref(nullptr);
+    r->get();
+    r->kill();
+    return r;
+  }();
   padded_atomic* count = [] {
     auto* c = new padded_atomic;
     c->value = 1;
@@ -348,6 +357,14 @@ void percpu_bench_loop_ref(std::uint64_t n) {
   }
 }
 
+void percpu_bench_loop_killed_ref(std::uint64_t n) {
+  shared_objects& o = objects();
+  for (std::uint64_t i = 0; i < n; ++i) {
+    o.killed_ref->get();
+    o.killed_ref->put();
+  }
+}
+
 // What a put must do on a plain reference count: the release half so the
 // last owner sees every other owner's writes, the acquire half for the last
 // owner itself.
@@ -405,6 +422,11 @@ const std::vector<structure_kind> kKinds = {
     {"ref_get_put", "percpu::ref get+put", "atomic reference count fetch_add+fetch_sub",
      "atomic count / ref get+put", percpu_bench_loop_ref, percpu_bench_loop_atomic_refcount, 1.0,
      1.0},
+    // After kill() a ref is one atomic count, as the kernel's percpu_ref in
+    // atomic mode: it must stay near a plain one.
+    {"ref_get_put_killed", "percpu::ref after kill(): get+put",
+     "atomic reference count fetch_add+fetch_sub", "atomic count / killed ref get+put",
+     percpu_bench_loop_killed_ref, percpu_bench_loop_atomic_refcount, 0.8, 0.8},
     // The general allocators a pool user would pick instead, each as the
     // process's malloc. A per-CPU pool that loses to them on its own object
     // size has no reason to exist: pairs must be 1.2 times as fast, bursts

@@ -585,6 +585,7 @@ TEST(PercpuBenchStructures, TableJsonAndSvgHoldEveryRow) {
       {"shared_mutex_read", ""},
       {"shared_mutex_write", ""},
       {"ref_get_put", ""},
+      {"ref_get_put_killed", ""},
       {"object_pool_vs_tcmalloc", "libtcmalloc_minimal.so.4"},
       {"object_pool_vs_jemalloc", "libjemalloc.so.2"},
       {"object_pool_vs_mimalloc", "libmimalloc.so.2"},
