@@ -122,6 +122,48 @@ void expect_all_home(object_pool& pool) {
   EXPECT_EQ(pool.depot_objects(), pool.carved_objects()) << "objects lost";
 }
 
+// The setting of the tests that count what reaches the depot: this thread
+// kept on one test CPU, whose cpu_hint() it has used enough that a thread
+// without rseq locks that CPU's cache (the ladder's step 3), and a pool of
+// small caches (16 objects, batches of 8) whose depot moves are easy to
+// count. restore() gives the thread its CPUs back, as the destructor does
+// for a test that stops early.
+class on_one_cpu {
+ public:
+  on_one_cpu() : saved_(stress::allowed_cpus()), cpu_(stress::test_cpus(1)[0]) {
+    pinned_ = stress::restrict_to({cpu_});
+    for (unsigned i = 0; i < internal::kCpuHintUses; ++i) (void)internal::cpu_hint();
+  }
+  ~on_one_cpu() { restore(); }
+  on_one_cpu(const on_one_cpu&) = delete;
+  on_one_cpu& operator=(const on_one_cpu&) = delete;
+  void restore() const { stress::restrict_to(saved_); }
+  bool pinned() const { return pinned_; }
+  int cpu() const { return cpu_; }
+  static object_pool::options small_caches() {
+    object_pool::options o = checked(48);
+    o.cache_capacity = 16;
+    o.batch = 8;
+    return o;
+  }
+
+ private:
+  std::vector<int> saved_;
+  int cpu_;
+  bool pinned_ = false;
+};
+
+// Allocates into *held until every cache and spare of `pool` is empty and
+// at least `at_least` objects are held, so that what the test frees next
+// starts from empty caches.
+void hold_until_caches_empty(object_pool& pool, std::size_t at_least, std::vector<void*>* held) {
+  while (held->size() < at_least || cached_total(pool) != 0) {
+    void* p = pool.allocate();
+    ASSERT_NE(p, nullptr);
+    held->push_back(p);
+  }
+}
+
 // Where a pool's thread caches are (thread index 0's copy; nullptr where
 // thread slots are not usable) and its CPUs' caches' heads (CPU 0's copy),
 // read without a seam in the library (see free_list_test.cpp).
@@ -403,22 +445,13 @@ TEST(ObjectPoolTest, AFreeOntoAFullCacheSetsItAsideOrGivesTheDepotABatch) {
 // lock_refused: whether a CPU's lock is refused here (fence_missing(), asked
 // before the seam below makes this thread's backend the fallback's).
 void bursts_of_three_capacities(bool lock_refused) {
-  const std::vector<int> saved = stress::allowed_cpus();
-  const int cpu = stress::test_cpus(1)[0];
-  ASSERT_TRUE(stress::restrict_to({cpu}));
-  for (unsigned i = 0; i < internal::kCpuHintUses; ++i) (void)internal::cpu_hint();
-  object_pool::options o = checked(48);
-  o.cache_capacity = 16;
-  o.batch = 8;
-  object_pool pool(o);
+  const on_one_cpu one;
+  ASSERT_TRUE(one.pinned());
+  const int cpu = one.cpu();
+  object_pool pool(on_one_cpu::small_caches());
   constexpr std::size_t kBurst = 48;
-  // Hold objects until every cache and spare is empty, and at least a burst.
   std::vector<void*> held;
-  while (held.size() < kBurst || cached_total(pool) != 0) {
-    void* p = pool.allocate();
-    ASSERT_NE(p, nullptr);
-    held.push_back(p);
-  }
+  ASSERT_NO_FATAL_FAILURE(hold_until_caches_empty(pool, kBurst, &held));
   std::vector<void*> burst(held.end() - kBurst, held.end());
   held.resize(held.size() - kBurst);
   const bool spares = uses_spares();
@@ -472,7 +505,7 @@ void bursts_of_three_capacities(bool lock_refused) {
     }
   }
   for (void* p : held) pool.deallocate(p);
-  stress::restrict_to(saved);
+  one.restore();
   expect_all_home(pool);
 }
 
@@ -494,28 +527,19 @@ TEST(ObjectPoolTest, BurstsOfThreeTimesTheCapacityStayWhereTheyWereFreed) {
 // spares, without it on the thread's own; a CPU's cache locked without
 // rseq has no spares (its batches: BurstsOfThreeTimesTheCapacity...).
 TEST(ObjectPoolTest, BeyondTheSparesWholeCachesGoToTheDepotAndComeBack) {
-  const std::vector<int> saved = stress::allowed_cpus();
-  ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
-  for (unsigned i = 0; i < internal::kCpuHintUses; ++i) (void)internal::cpu_hint();
-  object_pool::options o = checked(48);
-  o.cache_capacity = 16;
-  o.batch = 8;
-  object_pool pool(o);
+  const on_one_cpu one;
+  ASSERT_TRUE(one.pinned());
+  object_pool pool(on_one_cpu::small_caches());
   const bool spares = uses_spares();
   const bool own = uses_own_cache(pool);
   if (!spares && !own) {
-    stress::restrict_to(saved);
     GTEST_SKIP() << "this thread locks a CPU's cache, which has no spares here: batches";
   }
   std::printf("BeyondTheSparesWholeCachesGoToTheDepotAndComeBack: checked %s\n",
               spares ? "a CPU's cache and spares (rseq)" : "a thread's own cache (no rseq)");
   constexpr std::size_t kObjects = 10 * 16;
   std::vector<void*> held;
-  while (held.size() < kObjects || cached_total(pool) != 0) {
-    void* p = pool.allocate();
-    ASSERT_NE(p, nullptr);
-    held.push_back(p);
-  }
+  ASSERT_NO_FATAL_FAILURE(hold_until_caches_empty(pool, kObjects, &held));
   std::vector<void*> burst(held.end() - kObjects, held.end());
   held.resize(held.size() - kObjects);
   const std::size_t carved = pool.carved_objects();
@@ -544,7 +568,7 @@ TEST(ObjectPoolTest, BeyondTheSparesWholeCachesGoToTheDepotAndComeBack) {
   EXPECT_EQ(pool.carved_objects(), carved);
   for (void* p : burst) pool.deallocate(p);
   for (void* p : held) pool.deallocate(p);
-  stress::restrict_to(saved);
+  one.restore();
   expect_all_home(pool);
 }
 
@@ -554,20 +578,12 @@ TEST(ObjectPoolTest, BeyondTheSparesWholeCachesGoToTheDepotAndComeBack) {
 // CPU's cache can hold it. A longer chain would come back from every refill
 // but one object, two depot locks per allocation until it was used up.
 TEST(ObjectPoolTest, TrimGivesTheDepotChainsARefillTakesWhole) {
-  const std::vector<int> saved = stress::allowed_cpus();
-  ASSERT_TRUE(stress::restrict_to({stress::test_cpus(1)[0]}));
-  for (unsigned i = 0; i < internal::kCpuHintUses; ++i) (void)internal::cpu_hint();
-  object_pool::options o = checked(48);
-  o.cache_capacity = 16;
-  o.batch = 8;
-  object_pool pool(o);
+  const on_one_cpu one;
+  ASSERT_TRUE(one.pinned());
+  object_pool pool(on_one_cpu::small_caches());
   constexpr std::size_t kBurst = 48;
   std::vector<void*> held;
-  while (held.size() < kBurst || cached_total(pool) != 0) {
-    void* p = pool.allocate();
-    ASSERT_NE(p, nullptr);
-    held.push_back(p);
-  }
+  ASSERT_NO_FATAL_FAILURE(hold_until_caches_empty(pool, kBurst, &held));
   for (std::size_t i = 0; i < kBurst; ++i) {
     pool.deallocate(held.back());
     held.pop_back();
@@ -590,7 +606,7 @@ TEST(ObjectPoolTest, TrimGivesTheDepotChainsARefillTakesWhole) {
     EXPECT_EQ(cached_total(pool), 15u);
   }
   for (void* p : held) pool.deallocate(p);
-  stress::restrict_to(saved);
+  one.restore();
   expect_all_home(pool);
 }
 

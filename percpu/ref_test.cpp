@@ -223,6 +223,16 @@ TEST(RefTest, AHundredThousandRefsTakeBytesEach) {
 // its word, the main thread's put() would release the ref while that thread
 // still holds a reference. Threads with rseq take the per-CPU path and must
 // hold too.
+// get()'s and put()'s slow half, called as they call it, without their
+// inline read of killed_ first (read without a seam in the library, as
+// object_pool_test.cpp reads the pool's lists).
+void ref_add_slow(ref& r, std::int64_t delta);
+template <auto AddSlow>
+struct expose_ref_add_slow {
+  friend void ref_add_slow(ref& r, std::int64_t delta) { (r.*AddSlow)(delta, false, nullptr); }
+};
+template struct expose_ref_add_slow<&ref::add_slow>;
+
 TEST(RefDeathTest, AThreadNewAfterKillIsCountedExactly) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
@@ -235,12 +245,18 @@ TEST(RefDeathTest, AThreadNewAfterKillIsCountedExactly) {
         r.kill();
         std::atomic<int> step{0};
         std::thread late([&] {
-          r.get();
-          held.fetch_add(1);
+          r.get();  // a thread new after kill(): the count, inline
+          // A get whose inline read of killed_ came just before kill() set
+          // it and whose slow path runs after: its own thread word, which
+          // kill() has folded for good, must not take it.
+          ref_add_slow(r, 1);
+          held.fetch_add(2);
           step.store(1);
           while (step.load() != 2) std::this_thread::yield();
-          held.fetch_sub(1);
-          r.put();
+          for (int i = 0; i < 2; ++i) {
+            held.fetch_sub(1);
+            r.put();
+          }
         });
         while (step.load() != 1) std::this_thread::yield();
         held.fetch_sub(1);
