@@ -214,15 +214,6 @@ TEST(RefTest, AHundredThousandRefsTakeBytesEach) {
   for (long i = 0; i < kRefs; ++i) refs[i].ref::~ref();
 }
 
-// kill() walks the words of the thread indexes handed out so far, and a
-// thread that first takes an index after that walk must not add to its word,
-// which nobody folds any more (ref.cpp, add_slow). Run in a fresh process
-// (gtest's "threadsafe" style runs the test anew; hence the DeathTest
-// suite, which lanes that cannot re-run a binary leave out), where the
-// thread below takes an index no earlier thread took: if its get() went to
-// its word, the main thread's put() would release the ref while that thread
-// still holds a reference. Threads with rseq take the per-CPU path and must
-// hold too.
 // get()'s and put()'s slow half, called as they call it, without their
 // inline read of killed_ first (read without a seam in the library, as
 // object_pool_test.cpp reads the pool's lists).
@@ -233,6 +224,16 @@ struct expose_ref_add_slow {
 };
 template struct expose_ref_add_slow<&ref::add_slow>;
 
+// kill() walks the words of the thread indexes handed out so far, and a
+// thread that first takes an index after that walk must not add to its word,
+// which nobody folds any more (ref.cpp, add_slow). Run in a fresh process
+// (gtest's "threadsafe" style runs the test anew; hence the DeathTest
+// suite, which lanes that cannot re-run a binary leave out), where the
+// thread below takes an index no earlier thread took: if a get of its
+// (the inline one, or the slow half as a get whose read of killed_ came
+// before kill()) went to its word, the main thread's put() would release
+// the ref while that thread still holds a reference. Threads with rseq
+// take the per-CPU path and must hold too.
 TEST(RefDeathTest, AThreadNewAfterKillIsCountedExactly) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
