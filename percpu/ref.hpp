@@ -18,8 +18,9 @@
 //
 // Without rseq
 //   A thread without rseq adds to a word of its own, a thread slot
-//   (percpu/internal/thread_slots.hpp): a plain add between a "busy" store and a
-//   check that kill() has not begun, no atomic instruction, no system call.
+//   (percpu/internal/thread_slots.hpp), inline: a plain add between a "busy"
+//   store and a check that kill() has not begun, no atomic instruction, no
+//   system call (its first get() or put() claims the thread's index).
 //   kill() stops every thread's word with one membarrier PRIVATE_EXPEDITED,
 //   waits for the threads inside one, and folds the words in; from then on
 //   such a thread's get() and put() are the atomic count's one
@@ -156,6 +157,7 @@ class ref : private internal::fork_participant {
   // or the ref keeps sections off its slots), or anything else.
   enum class local_result { added, word_locked, other };
   local_result add_local(std::intptr_t step) noexcept;
+  bool add_own(std::int64_t delta) noexcept;
   void add_slow(std::int64_t delta, bool only_if_alive, bool* added) noexcept;
   // get() or put() made `delta` on the count after kill() and left it at
   // `after`, not above zero (or a get found it not above zero): runs the
@@ -218,14 +220,39 @@ inline ref::local_result ref::add_local(std::intptr_t step) noexcept {
              : local_result::other;
 }
 
+// A thread without rseq (its section state says so: cpu_slots.hpp,
+// section_area()) adds to its own word inline, as add_slow()'s first step
+// does and under the same protocol (thread_slots.hpp): false, for add_slow,
+// where the ref has no thread words, the thread has not claimed its index
+// yet, the word is busy or revoked, or kill() has begun (killed_ read after
+// the enter, which kill()'s wait for the owners orders).
+inline bool ref::add_own(std::int64_t delta) noexcept {
+  internal::thread_slot* copies = thread_slots_;
+  if (__builtin_expect(copies == nullptr, 0) ||
+      internal::load_tp_relative_i32(internal::g_fast_path.section_state) !=
+          static_cast<int>(internal::section_user::no_rseq)) {
+    return false;
+  }
+  internal::thread_slot* own = internal::claimed_thread_slot(copies);
+  if (__builtin_expect(own == nullptr || !internal::thread_slot_enter(own), 0)) return false;
+  const bool folded = killed_.load(std::memory_order_relaxed) != 0;
+  if (__builtin_expect(!folded, 1)) {
+    __atomic_store_n(&own->head, __atomic_load_n(&own->head, __ATOMIC_RELAXED) + delta,
+                     __ATOMIC_RELAXED);
+  }
+  internal::thread_slot_leave(own);
+  return !folded;
+}
+
 // After kill() every thread adds to the count inline, one atomic as the
 // kernel's percpu_ref after its kill: a registered thread once it finds its
 // CPU's word locked, a thread without rseq (or a ref without slots) at once.
 // An add there is right at any time (ref.cpp, add_slow), and killed_ set
 // means the slots are being folded or are folded; only reading it unset
-// needs the slow path's order. Before kill() a locked word (sections kept
-// off the slots) or no section goes to add_slow(), which keeps the per-CPU
-// atomic words and the threads' own words.
+// needs the slow path's order. Before kill() a thread without rseq adds to
+// its own word inline (add_own); a locked word (sections kept off the
+// slots), an aborted section, or an own word not to be had now goes to
+// add_slow(), which keeps the per-CPU atomic words and the threads' words.
 inline void ref::get() noexcept {
   const local_result r = add_local(2);
   if (__builtin_expect(r == local_result::added, 1)) return;
@@ -235,6 +262,7 @@ inline void ref::get() noexcept {
     count_reached(1, before + 1);  // a get after the release
     return;
   }
+  if (__builtin_expect(add_own(1), 1)) return;
   add_slow(1, false, nullptr);
 }
 
@@ -253,6 +281,7 @@ inline void ref::put() noexcept {
     return;
   }
   PERCPU_TSAN_RELEASE(this);
+  if (__builtin_expect(add_own(-1), 1)) return;
   add_slow(-1, false, nullptr);
 }
 

@@ -223,6 +223,13 @@ struct expose_ref_add_slow {
   friend void ref_add_slow(ref& r, std::int64_t delta) { (r.*AddSlow)(delta, false, nullptr); }
 };
 template struct expose_ref_add_slow<&ref::add_slow>;
+// The inline step before it of a thread without rseq: its own word.
+bool ref_add_own(ref& r, std::int64_t delta);
+template <auto AddOwn>
+struct expose_ref_add_own {
+  friend bool ref_add_own(ref& r, std::int64_t delta) { return (r.*AddOwn)(delta); }
+};
+template struct expose_ref_add_own<&ref::add_own>;
 
 // kill() walks the words of the thread indexes handed out so far, and a
 // thread that first takes an index after that walk must not add to its word,
@@ -230,8 +237,8 @@ template struct expose_ref_add_slow<&ref::add_slow>;
 // (gtest's "threadsafe" style runs the test anew; hence the DeathTest
 // suite, which lanes that cannot re-run a binary leave out), where the
 // thread below takes an index no earlier thread took: if a get of its
-// (the inline one, or the slow half as a get whose read of killed_ came
-// before kill()) went to its word, the main thread's put() would release
+// (the inline one, or the slow half or the own-word step as a get whose
+// read of killed_ came before kill()) went to its word, the main thread's put() would release
 // the ref while that thread still holds a reference. Threads with rseq
 // take the per-CPU path and must hold too.
 TEST(RefDeathTest, AThreadNewAfterKillIsCountedExactly) {
@@ -251,10 +258,13 @@ TEST(RefDeathTest, AThreadNewAfterKillIsCountedExactly) {
           // it and whose slow path runs after: its own thread word, which
           // kill() has folded for good, must not take it.
           ref_add_slow(r, 1);
-          held.fetch_add(2);
+          // The same get's inline step on a thread without rseq, whose index
+          // is claimed now: it must hand off too (elsewhere it declines).
+          if (!ref_add_own(r, 1)) ref_add_slow(r, 1);
+          held.fetch_add(3);
           step.store(1);
           while (step.load() != 2) std::this_thread::yield();
-          for (int i = 0; i < 2; ++i) {
+          for (int i = 0; i < 3; ++i) {
             held.fetch_sub(1);
             r.put();
           }

@@ -134,8 +134,13 @@ namespace {
 stride_arena g_thread_slot_copies(32, kThreadSlots);
 }  // namespace
 
+std::intptr_t g_thread_index_tls_offset = 0;
+
 thread_slot* new_thread_slot_copies() noexcept {
   if (!thread_slots_usable()) return nullptr;
+  __atomic_store_n(&g_thread_index_tls_offset,
+                   reinterpret_cast<char*>(&t_thread_index_plus_one) - thread_pointer(),
+                   __ATOMIC_RELAXED);
   return static_cast<thread_slot*>(g_thread_slot_copies.allocate());
 }
 

@@ -90,6 +90,10 @@ struct thread_slot {
   int revoked;         // written only by the holder of locker
   int locker;          // a flag (cpu_slots.hpp)
 };
+// ABI: ref's inline get() and put() use head, busy and revoked (docs/abi.md).
+static_assert(offsetof(thread_slot, head) == 0 && offsetof(thread_slot, busy) == 8 &&
+                  offsetof(thread_slot, revoked) == 12,
+              "the words inline code compiled against this header uses");
 
 // A slot with the word after it in its 32-byte object: a word the structure
 // keeps beside its list, under the same protocol as head, 0 in a new slot
@@ -142,6 +146,24 @@ PERCPU_EXPORT int claim_thread_index() noexcept;
   if (__builtin_expect(plus_one > 0, 1)) return plus_one - 1;
   return plus_one < 0 ? -1 : claim_thread_index();
 }
+// The offset of t_thread_index_plus_one from the thread pointer, the same
+// in every thread; set (relaxed) by new_thread_slot_copies() before it first
+// returns copies, so code that reads a structure's copies pointer, which
+// reached it with the structure, reads a set offset. The inline paths of a
+// thread without rseq read the index through it and a fresh thread pointer
+// (claimed_thread_slot()), never by the TLS address a coroutine's frame may
+// have kept from another thread.
+extern PERCPU_EXPORT std::intptr_t g_thread_index_tls_offset;
+
+// The calling thread's slot in `copies` (not nullptr) if the thread has
+// claimed its index already; nullptr if not yet, or never (no index left):
+// the slow paths claim it, through thread_index().
+[[nodiscard]] inline thread_slot* claimed_thread_slot(thread_slot* copies) noexcept {
+  const int plus_one =
+      load_tp_relative_i32(__atomic_load_n(&g_thread_index_tls_offset, __ATOMIC_RELAXED));
+  return __builtin_expect(plus_one > 0, 1) ? thread_slot_at(copies, plus_one - 1) : nullptr;
+}
+
 // One more than the highest index any thread of this process (or of the
 // parent before a fork) has claimed: every index a thread holds or held is
 // below it, so a walk over every thread's slot may stop there. It only
