@@ -227,13 +227,7 @@ inline ref::local_result ref::add_local(std::intptr_t step) noexcept {
 // yet, the word is busy or revoked, or kill() has begun (killed_ read after
 // the enter, which kill()'s wait for the owners orders).
 inline bool ref::add_own(std::int64_t delta) noexcept {
-  internal::thread_slot* copies = thread_slots_;
-  if (__builtin_expect(copies == nullptr, 0) ||
-      internal::load_tp_relative_i32(internal::g_fast_path.section_state) !=
-          static_cast<int>(internal::section_user::no_rseq)) {
-    return false;
-  }
-  internal::thread_slot* own = internal::claimed_thread_slot(copies);
+  internal::thread_slot* own = internal::own_slot_if_no_rseq(thread_slots_);
   if (__builtin_expect(own == nullptr || !internal::thread_slot_enter(own), 0)) return false;
   const bool folded = killed_.load(std::memory_order_relaxed) != 0;
   if (__builtin_expect(!folded, 1)) {

@@ -29,6 +29,7 @@
 #include "percpu/cpu.hpp"
 #include "percpu/free_list.hpp"
 #include "percpu/object_pool.hpp"
+#include "percpu/ref.hpp"
 #include "percpu/internal/cpu_slots.hpp"
 #include "tests/stress/stress.hpp"
 
@@ -357,6 +358,52 @@ TEST(ResumeElsewhere, CoroutinePoolHandsNoObjectOutTwice) {
     h.stop();
   }
   EXPECT_EQ(doubled.load(), 0) << "one object was handed to two users at once";
+}
+
+task get_while_moving(percpu::ref& r, executor& from, executor& to, long n, done_flag& done) {
+  for (long i = 0; i < n; ++i) {
+    for (int k = 0; k < kAddsPerVisit; ++k) r.get();
+    co_await resume_on{to};
+    for (int k = 0; k < kAddsPerVisit; ++k) r.get();
+    co_await resume_on{from};
+  }
+  done.set();
+}
+
+// Two coroutines moving in opposite directions, so that while one runs on
+// B the other runs on A: a get that used the thread it started on (its
+// CPU's word from a section armed on that thread's rseq area, or, without
+// rseq, that thread's own word by an index kept from before the move)
+// would add to a word the other coroutine is adding to at that moment, and
+// lose updates. Every reference is counted: count() is exact once nobody
+// moves it, and kill() after the matching puts releases at once.
+TEST(ResumeElsewhere, CoroutinesRefCountsEveryGet) {
+  const std::vector<int> cpus = test_cpus(2);
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two CPUs to move between";
+  std::atomic<int> released{0};
+  percpu::ref r([](void* calls) { static_cast<std::atomic<int>*>(calls)->fetch_add(1); },
+                &released);
+  const long n = rounds() / 4;
+  {
+    executor a(cpus[0]), b(cpus[1]);
+    hammers h(2, cpus[0], [&] {
+      r.get();
+      r.put();
+    });
+    done_flag there, back;
+    a.post([&] { get_while_moving(r, a, b, n, there); });
+    b.post([&] { get_while_moving(r, b, a, n, back); });
+    there.wait();
+    back.wait();
+    wait_until_idle(a);
+    wait_until_idle(b);
+    h.stop();
+  }
+  const std::int64_t gets = 2 * n * 2 * kAddsPerVisit;
+  EXPECT_EQ(r.count(), 1 + gets) << "gets were lost or counted twice after a move";
+  for (std::int64_t i = 0; i < gets; ++i) r.put();
+  r.kill();
+  EXPECT_EQ(released.load(), 1);
 }
 
 // A fiber: its own stack and context, switched in by whichever thread runs

@@ -151,14 +151,21 @@ PERCPU_EXPORT int claim_thread_index() noexcept;
 // returns copies, so code that reads a structure's copies pointer, which
 // reached it with the structure, reads a set offset. The inline paths of a
 // thread without rseq read the index through it and a fresh thread pointer
-// (claimed_thread_slot()), never by the TLS address a coroutine's frame may
+// (own_slot_if_no_rseq()), never by the TLS address a coroutine's frame may
 // have kept from another thread.
 extern PERCPU_EXPORT std::intptr_t g_thread_index_tls_offset;
 
-// The calling thread's slot in `copies` (not nullptr) if the thread has
-// claimed its index already; nullptr if not yet, or never (no index left):
-// the slow paths claim it, through thread_index().
-[[nodiscard]] inline thread_slot* claimed_thread_slot(thread_slot* copies) noexcept {
+// The calling thread's slot in `copies` for the inline paths of a thread
+// known to have no rseq (its section state is section_user::no_rseq, which
+// also excludes the test seam: cpu_slots.hpp, section_area()) that has
+// claimed its index; nullptr otherwise (no copies, a thread with rseq, an
+// index not claimed yet or none left: the slow paths, which claim it).
+// The state and the index are read through a fresh thread pointer.
+[[nodiscard]] inline thread_slot* own_slot_if_no_rseq(thread_slot* copies) noexcept {
+  if (__builtin_expect(copies == nullptr, 0) ||
+      load_tp_relative_i32(g_fast_path.section_state) != static_cast<int>(section_user::no_rseq)) {
+    return nullptr;
+  }
   const int plus_one =
       load_tp_relative_i32(__atomic_load_n(&g_thread_index_tls_offset, __ATOMIC_RELAXED));
   return __builtin_expect(plus_one > 0, 1) ? thread_slot_at(copies, plus_one - 1) : nullptr;
