@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tests/stress/stress.hpp"
+#include "tests/support/address_limit.hpp"
 #include "tests/support/pages.hpp"
 
 namespace percpu {
@@ -212,6 +213,52 @@ TEST(RefTest, AHundredThousandRefsTakeBytesEach) {
   // Qualified: clang warns of a destructor call on a class with virtual
   // functions (the fork hooks), which users never derive from.
   for (long i = 0; i < kRefs; ++i) refs[i].ref::~ref();
+}
+
+// "If the slots cannot be mapped, everything goes to the single atomic
+// count; still exact": in a child whose address space is limited to what
+// it has mapped, refs are made (in memory taken before) until one finds no
+// per-CPU memory for its words. That one counts every get and put, kill()
+// folds nothing it lacks, and the last put releases it, once.
+TEST(RefTest, CountsExactlyWhenNoMemoryCanBeMapped) {
+  if (const char* why = test::why_no_address_limit()) GTEST_SKIP() << why;
+  // More than a chunk of the arena's 32-byte class and the objects earlier
+  // tests gave back (100,000 of them).
+  constexpr int kRefs = 262144;
+  std::unique_ptr<unsigned char[]> storage(new unsigned char[kRefs * sizeof(ref)]);
+  release_log log;
+  // The child's second thread takes the stack glibc keeps from this one:
+  // under the limit no new stack could be mapped.
+  std::thread([] {}).join();
+  const int status = test::run_under_address_limit(0, [&] {
+    ref* unmapped = nullptr;
+    for (int i = 0; i < kRefs && unmapped == nullptr; ++i) {
+      ref* r = new (storage.get() + i * sizeof(ref)) ref(on_release, &log);
+      if (cpu_words(*r) == nullptr) unmapped = r;
+    }
+    if (unmapped == nullptr) return 3;
+    if (thread_words(*unmapped) != nullptr) return 4;
+    for (int i = 0; i < 1000; ++i) unmapped->get();
+    for (int i = 0; i < 999; ++i) unmapped->put();
+    std::thread other([unmapped] {
+      unmapped->get();
+      unmapped->put();
+    });
+    other.join();
+    if (unmapped->count() != 2) return 5;
+    unmapped->kill();
+    if (unmapped->count() != 1 || log.calls.load() != 0) return 6;
+    unmapped->put();
+    if (log.calls.load() != 1 || !unmapped->released()) return 7;
+    return 0;
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
+  if (WEXITSTATUS(status) == test::kLimitNotEnforced) {
+    GTEST_SKIP() << "RLIMIT_AS is not enforced here (qemu-user ignores it)";
+  }
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "98: setrlimit failed, 3: every ref found memory, 4: thread words without CPU words, "
+         "5: count() inexact, 6: kill() miscounted or released early, 7: no release at zero";
 }
 
 // get()'s and put()'s slow half, called as they call it, without their
