@@ -13,11 +13,12 @@ status=0 rows=0 gaps=0 tests=0
 
 fail() { echo "promises.sh: $table: $*" >&2; status=1; }
 
-# The test source of a binary: NAME.cpp wherever CMake's percpu_cc_test(NAME
-# NAME ...) says it is built from.
+# The test source of a binary: NAME.cpp beside the CMakeLists.txt whose
+# percpu_cc_test(NAME NAME ...) builds it (or NAME_KIND, one binary per kind
+# built from the same source, as early_use_test_KIND).
 source_of() {
   local name=$1 list
-  list=$(grep -rl --include=CMakeLists.txt "percpu_cc_test(NAME $name " "$root/percpu" "$root/tests" || true)
+  list=$(grep -rlE --include=CMakeLists.txt "percpu_cc_test\(NAME ${name}[ _]" "$root/percpu" "$root/tests" || true)
   [ -n "$list" ] || return 1
   local dir
   dir=$(dirname "$(echo "$list" | head -1)")
@@ -52,7 +53,8 @@ while IFS= read -r line; do
     named=$((named + 1)) tests=$((tests + 1))
   done
   for n in $(echo "$line" | grep -oE 'mutants? [0-9][0-9, and]*' | grep -oE '[0-9]+'); do
-    compgen -G "$root/tests/mutants/$n-*.patch" > /dev/null || fail "no mutant $n (tests/mutants/$n-*.patch)"
+    compgen -G "$root/tests/mutants/$n-*.patch" > /dev/null ||
+      compgen -G "$root/tests/mutants/0$n-*.patch" > /dev/null || fail "no mutant $n (tests/mutants/$n-*.patch)"
   done
   if [ "$named" -eq 0 ] && [[ $line != *'**gap**'* ]]; then
     fail "a row names no test and is not marked **gap**: $promise..."
