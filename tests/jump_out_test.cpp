@@ -13,7 +13,8 @@
 // it lands inside one of percpu's locked slow paths, many times; then the
 // process trims, takes all and forks, and the fork's child must run and
 // exit. The mode variants (.glibc, .own, .fallback) run each case on each
-// path.
+// path. A counter's add(), which holds nothing, is left the same way and
+// must have counted whole or not at all.
 
 #include <gtest/gtest.h>
 #include <pthread.h>
@@ -31,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "percpu/counter.hpp"
 #include "percpu/free_list.hpp"
 #include "percpu/internal/cpu_slots.hpp"
 #include "percpu/object_pool.hpp"
@@ -244,6 +246,70 @@ TEST(JumpOutTest, TrimAndForkAfterPthreadExitInAHandler) {
 
 TEST(JumpOutTest, KillAfterAThreadLeftGetAndPut) {
   expect_no_hang(who::exited_thread, leave::jump, true);
+}
+
+// counter.hpp: "An add() that a signal handler leaves with siglongjmp ...
+// either counted or did not: it is one committing store or one atomic add,
+// and holds nothing." A thread adds a large odd step under a fast timer
+// whose handler jumps out, on the rseq path and the atomic one in turn; it
+// counts the adds that returned. The total must be a whole number of steps,
+// at least the adds that returned and at most one more per jump (each jump
+// leaves at most one add, which counted or not). Then another thread and a
+// forked child add as usual: nothing was left held. In a child process with
+// a watchdog.
+counter g_left_counter;
+constexpr std::int64_t kLeftStep = (std::int64_t{1} << 20) + 1;
+
+TEST(JumpOutTest, AnAddLeftByAJumpCountedWholeOrNotAtAll) {
+  const int status = stress::run_in_child(
+      [] {
+        stress::install_handler(kSignal, on_signal);
+        sigjmp_buf env;
+        t_env = &env;
+        t_leave = leave::jump;
+        volatile long returned = 0;
+        volatile long round = 0;
+        {
+          stress::thread_signal_timer timer(kSignal, 20000);
+          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+          while (g_jumps.load() < 300 && std::chrono::steady_clock::now() < until) {
+            round = round + 1;
+            internal::force_locked_path_for_this_thread(round % 2 == 0);
+            if (sigsetjmp(env, 1) == 0) {
+              t_armed = 1;
+              for (int i = 0; i < 1000; ++i) {
+                g_left_counter.add(kLeftStep);
+                returned = returned + 1;
+              }
+              t_armed = 0;
+            }
+          }
+          t_armed = 0;
+        }
+        internal::force_locked_path_for_this_thread(false);
+        const long jumps = g_jumps.load();
+        if (jumps < 20) return 5;
+        const std::int64_t total = g_left_counter.load();
+        if (total % kLeftStep != 0) return 1;  // a step counted in part
+        const std::int64_t steps = total / kLeftStep;
+        if (steps < returned) return 2;          // an add that returned was lost
+        if (steps > returned + jumps) return 3;  // an add counted twice
+        std::thread([] {
+          for (int i = 0; i < 1000; ++i) g_left_counter.add(kLeftStep);
+        }).join();
+        if (g_left_counter.load() != (steps + 1000) * kLeftStep) return 4;
+        const int forked = stress::run_in_child(
+            [steps] {
+              g_left_counter.add(kLeftStep);
+              return g_left_counter.load() == (steps + 1001) * kLeftStep ? 0 : 1;
+            },
+            std::chrono::seconds(10));
+        return forked == 0 ? 0 : 10 + (forked > 50 ? 50 : forked);
+      },
+      std::chrono::seconds(30));
+  if (status == 5) GTEST_SKIP() << "too few signals landed while adding";
+  EXPECT_EQ(status, 0) << "1: part of a step counted, 2: an add that returned lost, "
+                          "3: more steps than adds, 4: later adds inexact, 1x: the forked child";
 }
 
 }  // namespace
