@@ -25,6 +25,7 @@
 #include "percpu/internal/cpu_slots.hpp"
 #include "percpu/internal/thread_slots.hpp"
 #include "tests/stress/stress.hpp"
+#include "tests/support/address_limit.hpp"
 #include "tests/support/pages.hpp"
 
 namespace percpu {
@@ -293,6 +294,30 @@ TEST(FreeListTest, ForkWritesNoThreadSlot) {
   expect_lists_work_in_a_child(lists.get(), nodes.get(), kLists);
   const long after = test::present_stride_pages(pages, internal::kThreadSlots);
   EXPECT_EQ(after, before) << "fork() filled pages of the threads' slots";
+}
+
+// "throws std::bad_alloc when no memory can be mapped for it": lists are
+// made, in a child whose address space is limited to what it has mapped,
+// until one throws; it throws std::bad_alloc, and the list made before it
+// still pushes and pops.
+TEST(FreeListTest, TheConstructorThrowsBadAllocWhenNoMemoryCanBeMapped) {
+  if (const char* why = test::why_no_address_limit()) GTEST_SKIP() << why;
+  free_list_node node;
+  // More lists than a chunk of the arena's 32-byte class and the objects
+  // earlier tests gave back.
+  const int status = test::run_until_bad_alloc<free_list>(
+      262144, [](void* where) { return new (where) free_list; },
+      [&](free_list* last) {
+        if (last == nullptr) return 0;  // the first one found no memory
+        last->push(&node);
+        return last->pop() == &node ? 0 : 5;
+      });
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
+  if (WEXITSTATUS(status) == test::kLimitNotEnforced) {
+    GTEST_SKIP() << "RLIMIT_AS is not enforced here (qemu-user ignores it)";
+  }
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "98: setrlimit failed, 3: no constructor threw, 4: one "
+                                       "threw something else, 5: the last list made lost a node";
 }
 
 TEST(FreeListTest, EmptyPopsNothingAndSlotsAreMaxCpus) {

@@ -35,6 +35,7 @@
 #include "percpu/internal/cpu_slots.hpp"
 #include "percpu/internal/fallback.hpp"
 #include "tests/stress/stress.hpp"
+#include "tests/support/address_limit.hpp"
 #include "tests/support/pages.hpp"
 
 namespace percpu {
@@ -225,6 +226,30 @@ TEST(ObjectPoolTest, AThousandPoolsTakeBytesOfCpuAndThreadSlotsEach) {
   EXPECT_EQ(lists_of(*pools.front()).slot_bytes(), 32u);
   EXPECT_LE(per_pool_cpus, 32.0 + slack) << "more than one CPU's slot per pool";
   EXPECT_LE(per_pool_threads, 32.0 + slack) << "more than one thread's slot per pool";
+}
+
+// "std::bad_alloc when no memory can be mapped for its per-CPU heads":
+// pools are made, in a child whose address space is limited to what it has
+// mapped, until one throws; it throws std::bad_alloc, and the pool made
+// before it still hands out objects (or nullptr, "when memory is
+// exhausted", which its first chunk may well be).
+TEST(ObjectPoolTest, TheConstructorThrowsBadAllocWhenNoMemoryCanBeMapped) {
+  if (const char* why = test::why_no_address_limit()) GTEST_SKIP() << why;
+  const int status = test::run_until_bad_alloc<object_pool>(
+      262144, [](void* where) { return new (where) object_pool(64); },
+      [](object_pool* last) {
+        if (last == nullptr) return 0;  // the first one found no memory
+        void* p = last->allocate();
+        if (p != nullptr && !last->owns(p)) return 5;
+        last->deallocate(p);
+        return 0;
+      });
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
+  if (WEXITSTATUS(status) == test::kLimitNotEnforced) {
+    GTEST_SKIP() << "RLIMIT_AS is not enforced here (qemu-user ignores it)";
+  }
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "98: setrlimit failed, 3: no constructor threw, 4: one "
+                                       "threw something else, 5: an object it does not own";
 }
 
 TEST(ObjectPoolTest, BadArgumentsThrowWithAClearMessage) {

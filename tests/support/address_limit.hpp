@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <new>
 
 namespace percpu {
 namespace test {
@@ -64,6 +66,32 @@ int run_under_address_limit(std::size_t room, Body body) {
   int status = 0;
   if (waitpid(child, &status, 0) != child) return -1;
   return status;
+}
+
+// A constructor's "std::bad_alloc when no memory can be mapped": in a child
+// under the limit (no room), makes up to `most` objects of T, each by
+// make(where) in storage taken before the limit, until one throws; then
+// check(the last object made, or nullptr) says whether it still works.
+// The child's status (run_under_address_limit's wait status): 0 when a
+// std::bad_alloc ended the making and check() returned 0; 3 when nothing
+// threw; 4 when something else was thrown; check()'s result otherwise.
+template <typename T, typename Make, typename Check>
+int run_until_bad_alloc(std::size_t most, Make make, Check check) {
+  struct alignas(T) raw {
+    unsigned char bytes[sizeof(T)];
+  };
+  std::unique_ptr<raw[]> storage(new raw[most]);
+  return run_under_address_limit(0, [&] {
+    T* last = nullptr;
+    try {
+      for (std::size_t i = 0; i < most; ++i) last = make(&storage[i]);
+    } catch (const std::bad_alloc&) {
+      return check(last);
+    } catch (...) {
+      return 4;
+    }
+    return 3;
+  });
 }
 
 }  // namespace test
