@@ -252,6 +252,42 @@ TEST(ObjectPoolTest, TheConstructorThrowsBadAllocWhenNoMemoryCanBeMapped) {
                                        "threw something else, 5: an object it does not own";
 }
 
+// "allocate() returns nullptr when memory is exhausted": a pool made
+// before, in a child whose address space is limited to what it has mapped
+// plus 2 MiB, allocates 4 KiB objects until one is nullptr; every object
+// before it is its own, and once they are all freed as many allocations
+// succeed again from them, with no new memory.
+TEST(ObjectPoolTest, AllocateReturnsNullptrWhenMemoryIsExhausted) {
+  if (const char* why = test::why_no_address_limit()) GTEST_SKIP() << why;
+  object_pool pool(4096);
+  constexpr std::size_t kMost = 4096;  // 16 MiB of objects: far past the limit
+  std::unique_ptr<void*[]> held(new void*[kMost]);
+  const int status = test::run_under_address_limit(std::size_t{2} << 20, [&] {
+    std::size_t got = 0;
+    while (got < kMost && (held[got] = pool.allocate()) != nullptr) ++got;
+    if (got == kMost) return 3;
+    if (got == 0) return 7;  // the room holds a chunk or more
+    std::set<void*> distinct(held.get(), held.get() + got);
+    if (distinct.size() != got) return 4;
+    for (std::size_t i = 0; i < got; ++i) {
+      if (!pool.owns(held[i])) return 5;
+    }
+    for (std::size_t i = 0; i < got; ++i) pool.deallocate(held[i]);
+    for (std::size_t i = 0; i < got; ++i) {
+      if ((held[i] = pool.allocate()) == nullptr) return 6;
+    }
+    for (std::size_t i = 0; i < got; ++i) pool.deallocate(held[i]);
+    return 0;
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
+  if (WEXITSTATUS(status) == test::kLimitNotEnforced) {
+    GTEST_SKIP() << "RLIMIT_AS is not enforced here (qemu-user ignores it)";
+  }
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "98: setrlimit failed, 3: never nullptr, 4: an object handed out twice, 5: an object "
+         "not its own, 6: nullptr again after every object was freed, 7: no object at all";
+}
+
 TEST(ObjectPoolTest, BadArgumentsThrowWithAClearMessage) {
   EXPECT_THROW(object_pool(0), std::invalid_argument);
   EXPECT_THROW(object_pool(std::size_t{1} << 30), std::invalid_argument);
