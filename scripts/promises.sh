@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks docs/promises.md against the sources: every test it names
-# (`binary:Suite.Name`) is a TEST/TEST_F/TEST_P of that name in binary.cpp,
+# (`binary:Suite.Name`) is a TEST, TEST_F, TEST_P or TYPED_TEST of that
+# name in binary.cpp (a typed suite: every type's case),
 # and binary is a test CMake registers (percpu_cc_test); every
 # `path/file.cpp:function` names a function that file defines; every
 # "mutant N" has its patch in tests/mutants/. Rows marked **gap** name no
@@ -47,7 +48,7 @@ while IFS= read -r line; do
     else
       suite=${right%%.*} case_name=${right#*.}
       src=$(source_of "$left") || { fail "no test binary $left (percpu_cc_test)"; continue; }
-      grep -qE "^TEST(_F|_P)?\($suite, $case_name\)" "$src" ||
+      grep -qE "^(TYPED_)?TEST(_F|_P)?\($suite, $case_name\)" "$src" ||
         fail "$left has no test $suite.$case_name ($src)"
     fi
     named=$((named + 1)) tests=$((tests + 1))
