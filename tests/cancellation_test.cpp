@@ -24,6 +24,7 @@
 #include "percpu/free_list.hpp"
 #include "percpu/internal/cpu_slots.hpp"
 #include "percpu/object_pool.hpp"
+#include "percpu/per_cpu.hpp"
 #include "percpu/ref.hpp"
 #include "percpu/shared_mutex.hpp"
 #include "tests/stress/stress.hpp"
@@ -279,6 +280,43 @@ TEST(CancellationTest, CounterFallback) {
                   internal::force_locked_path_for_this_thread(false);
                   for (int i = 0; i < 1000; ++i) c.add(1);
                   (void)c.load();
+                },
+                nothing, nothing),
+            0);
+}
+
+struct two_words {
+  std::int64_t a;
+  std::uint64_t b;
+};
+
+// Every operation of one object, the first update (which maps its copies)
+// among them.
+template <typename Object>
+void every_operation(Object& o) {
+  o.add(&two_words::a, 1);
+  (void)o.compare_and_store(&two_words::b, 0, 1);
+  o.store(&two_words::b, 2);
+  (void)o.load(&two_words::a);
+  (void)o.copy(0);
+  (void)o.atomic_copy(0);
+  (void)o.shared_copy();
+  (void)o.sum(&two_words::a);
+}
+
+// per_cpu<T> and cid_per_cpu<T>, on their sections and on the atomic
+// copies (a thread forced off its sections), each object fresh.
+TEST(CancellationTest, PerCpuEveryOperation) {
+  EXPECT_EQ(run_cancelled(
+                [] {
+                  for (bool locked : {false, true}) {
+                    internal::force_locked_path_for_this_thread(locked);
+                    per_cpu<two_words> by_cpu;
+                    cid_per_cpu<two_words> by_id;
+                    every_operation(by_cpu);
+                    every_operation(by_id);
+                  }
+                  internal::force_locked_path_for_this_thread(false);
                 },
                 nothing, nothing),
             0);

@@ -36,6 +36,7 @@
 #include "percpu/free_list.hpp"
 #include "percpu/internal/cpu_slots.hpp"
 #include "percpu/object_pool.hpp"
+#include "percpu/per_cpu.hpp"
 #include "percpu/ref.hpp"
 #include "tests/stress/stress.hpp"
 
@@ -250,19 +251,20 @@ TEST(JumpOutTest, KillAfterAThreadLeftGetAndPut) {
 
 // counter.hpp: "An add() that a signal handler leaves with siglongjmp ...
 // either counted or did not: it is one committing store or one atomic add,
-// and holds nothing." A thread adds a large odd step under a fast timer
-// whose handler jumps out, on the rseq path and the atomic one in turn; it
-// counts the adds that returned. The total must be a whole number of steps,
-// at least the adds that returned and at most one more per jump (each jump
-// leaves at most one add, which counted or not). Then another thread and a
-// forked child add as usual: nothing was left held. In a child process with
-// a watchdog.
-counter g_left_counter;
+// and holds nothing"; per_cpu.hpp: "An update that a signal handler leaves
+// with siglongjmp either happened or did not." A thread adds a large odd
+// step under a fast timer whose handler jumps out, on the rseq path and the
+// atomic one in turn; it counts the adds that returned. The total must be
+// a whole number of steps, at least the adds that returned and at most one
+// more per jump (each jump leaves at most one add, which counted or not).
+// Then another thread and a forked child add as usual: nothing was left
+// held. In a child process with a watchdog. add(step) adds, total() reads.
 constexpr std::int64_t kLeftStep = (std::int64_t{1} << 20) + 1;
 
-TEST(JumpOutTest, AnAddLeftByAJumpCountedWholeOrNotAtAll) {
-  const int status = stress::run_in_child(
-      [] {
+template <typename Add, typename Total>
+int adds_left_by_jumps(Add add, Total total) {
+  return stress::run_in_child(
+      [&] {
         stress::install_handler(kSignal, on_signal);
         sigjmp_buf env;
         t_env = &env;
@@ -278,7 +280,7 @@ TEST(JumpOutTest, AnAddLeftByAJumpCountedWholeOrNotAtAll) {
             if (sigsetjmp(env, 1) == 0) {
               t_armed = 1;
               for (int i = 0; i < 1000; ++i) {
-                g_left_counter.add(kLeftStep);
+                add(kLeftStep);
                 returned = returned + 1;
               }
               t_armed = 0;
@@ -289,27 +291,57 @@ TEST(JumpOutTest, AnAddLeftByAJumpCountedWholeOrNotAtAll) {
         internal::force_locked_path_for_this_thread(false);
         const long jumps = g_jumps.load();
         if (jumps < 20) return 5;
-        const std::int64_t total = g_left_counter.load();
-        if (total % kLeftStep != 0) return 1;  // a step counted in part
-        const std::int64_t steps = total / kLeftStep;
+        const std::int64_t sum = total();
+        if (sum % kLeftStep != 0) return 1;  // a step counted in part
+        const std::int64_t steps = sum / kLeftStep;
         if (steps < returned) return 2;          // an add that returned was lost
         if (steps > returned + jumps) return 3;  // an add counted twice
-        std::thread([] {
-          for (int i = 0; i < 1000; ++i) g_left_counter.add(kLeftStep);
+        std::thread([&] {
+          for (int i = 0; i < 1000; ++i) add(kLeftStep);
         }).join();
-        if (g_left_counter.load() != (steps + 1000) * kLeftStep) return 4;
+        if (total() != (steps + 1000) * kLeftStep) return 4;
         const int forked = stress::run_in_child(
-            [steps] {
-              g_left_counter.add(kLeftStep);
-              return g_left_counter.load() == (steps + 1001) * kLeftStep ? 0 : 1;
+            [&] {
+              add(kLeftStep);
+              return total() == (steps + 1001) * kLeftStep ? 0 : 1;
             },
             std::chrono::seconds(10));
         return forked == 0 ? 0 : 10 + (forked > 50 ? 50 : forked);
       },
       std::chrono::seconds(30));
+}
+
+constexpr const char* kLeftAddsCodes =
+    "1: part of a step counted, 2: an add that returned lost, 3: more steps than adds, "
+    "4: later adds inexact, 1x: the forked child";
+
+counter g_left_counter;
+
+TEST(JumpOutTest, AnAddLeftByAJumpCountedWholeOrNotAtAll) {
+  const int status = adds_left_by_jumps([](std::int64_t step) { g_left_counter.add(step); },
+                                        [] { return g_left_counter.load(); });
   if (status == 5) GTEST_SKIP() << "too few signals landed while adding";
-  EXPECT_EQ(status, 0) << "1: part of a step counted, 2: an add that returned lost, "
-                          "3: more steps than adds, 4: later adds inexact, 1x: the forked child";
+  EXPECT_EQ(status, 0) << kLeftAddsCodes;
+}
+
+struct left_fields {
+  std::int64_t added;
+  std::int64_t beside;  // never updated: a T of more than one word
+};
+per_cpu<left_fields> g_left_per_cpu;
+cid_per_cpu<left_fields> g_left_cid_per_cpu;
+
+TEST(JumpOutTest, AnUpdateLeftByAJumpHappenedOrNot) {
+  int status =
+      adds_left_by_jumps([](std::int64_t step) { g_left_per_cpu.add(&left_fields::added, step); },
+                         [] { return g_left_per_cpu.sum(&left_fields::added); });
+  if (status == 5) GTEST_SKIP() << "too few signals landed while adding";
+  EXPECT_EQ(status, 0) << "per_cpu: " << kLeftAddsCodes;
+  status = adds_left_by_jumps(
+      [](std::int64_t step) { g_left_cid_per_cpu.add(&left_fields::added, step); },
+      [] { return g_left_cid_per_cpu.sum(&left_fields::added); });
+  if (status == 5) GTEST_SKIP() << "too few signals landed while adding";
+  EXPECT_EQ(status, 0) << "cid_per_cpu: " << kLeftAddsCodes;
 }
 
 }  // namespace
