@@ -28,6 +28,7 @@
 #include "percpu/cpu.hpp"
 #include "percpu/internal/registration.hpp"
 #include "percpu/internal/thread_pointer.hpp"
+#include "percpu/per_cpu.hpp"
 
 extern "C" void* __libc_malloc(std::size_t);
 extern "C" void __libc_free(void*);
@@ -55,6 +56,12 @@ early_record g_constructor;
 
 // Statically initialised, so usable in the earliest constructor.
 percpu::counter g_early_counter;
+struct early_fields {
+  std::int64_t adds;
+  std::int64_t last;
+};
+percpu::per_cpu<early_fields> g_early_per_cpu;
+percpu::cid_per_cpu<early_fields> g_early_cid_per_cpu;
 constexpr int kEarlyAdds = 1000;
 
 void read_tcb(std::uintptr_t (&words)[4]) {
@@ -109,7 +116,12 @@ __attribute__((constructor(101))) static void use_percpu_first() {
   g_constructor.cpu = percpu::cpu_id();
   g_constructor.node = percpu::node_id();
   g_constructor.cid = percpu::concurrency_id();
-  for (int i = 0; i < kEarlyAdds; ++i) g_early_counter.increment();
+  for (int i = 0; i < kEarlyAdds; ++i) {
+    g_early_counter.increment();
+    g_early_per_cpu.add(&early_fields::adds, 1);
+    g_early_cid_per_cpu.add(&early_fields::adds, 1);
+  }
+  g_early_per_cpu.store(&early_fields::last, 7);
   read_tcb(g_constructor.tcb_words_after);
   g_constructor.ran = true;
 }
@@ -162,6 +174,17 @@ TEST(EarlyUse, EarlyAddsAreCounted) {
   ASSERT_TRUE(g_constructor.ran);
   for (int i = 0; i < kEarlyAdds; ++i) g_early_counter.increment();
   EXPECT_EQ(g_early_counter.load(), 2 * kEarlyAdds);
+}
+
+// per_cpu.hpp: "Constant-initialised: a global per_cpu works from any
+// constructor": the early constructor's updates, of both forms, are all
+// in the sums, and its store in one copy of one set or the other.
+TEST(EarlyUse, EarlyPerCpuUpdatesAreCounted) {
+  ASSERT_TRUE(g_constructor.ran);
+  for (int i = 0; i < kEarlyAdds; ++i) g_early_per_cpu.add(&early_fields::adds, 1);
+  EXPECT_EQ(g_early_per_cpu.sum(&early_fields::adds), 2 * kEarlyAdds);
+  EXPECT_EQ(g_early_cid_per_cpu.sum(&early_fields::adds), kEarlyAdds);
+  EXPECT_EQ(g_early_per_cpu.sum(&early_fields::last), 7);
 }
 
 #ifndef PERCPU_EARLY_USE_NO_MALLOC
