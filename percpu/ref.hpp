@@ -250,13 +250,13 @@ inline bool ref::add_own(std::int64_t delta) noexcept {
 inline void ref::get() noexcept {
   const local_result r = add_local(2);
   if (__builtin_expect(r == local_result::added, 1)) return;
-  if (killed_.load(std::memory_order_relaxed) != 0) {
+  if (__builtin_expect(killed_.load(std::memory_order_relaxed) != 0, 1)) {
     const std::int64_t before = count_.fetch_add(1, std::memory_order_acq_rel);
     if (__builtin_expect(before > 0, 1)) return;
     count_reached(1, before + 1);  // a get after the release
     return;
   }
-  if (__builtin_expect(add_own(1), 1)) return;
+  if (add_own(1)) return;
   add_slow(1, false, nullptr);
 }
 
@@ -267,7 +267,7 @@ inline void ref::get() noexcept {
 inline void ref::put() noexcept {
   const local_result r = add_local(-2);
   if (__builtin_expect(r == local_result::added, 1)) return;
-  if (killed_.load(std::memory_order_relaxed) != 0) {
+  if (__builtin_expect(killed_.load(std::memory_order_relaxed) != 0, 1)) {
     PERCPU_TSAN_RELEASE(this);  // where add_local left before its own
     const std::int64_t after = count_.fetch_sub(1, std::memory_order_acq_rel) - 1;
     if (__builtin_expect(after > 0, 1)) return;
@@ -275,7 +275,7 @@ inline void ref::put() noexcept {
     return;
   }
   PERCPU_TSAN_RELEASE(this);
-  if (__builtin_expect(add_own(-1), 1)) return;
+  if (add_own(-1)) return;
   add_slow(-1, false, nullptr);
 }
 
